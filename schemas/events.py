@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Retry, Taint, Toleration
+from schemas.commands import AFTER_OK, PREEMPT_LOWER, CohortQuota, Quota, Retry, Taint, Toleration
 from schemas.records import Record, nest
 
 
@@ -301,6 +301,16 @@ class QuotaChanged(Record):
 
 
 @dataclass(slots=True)
+class CohortChanged(Record):
+    """A cohort of the cohort tree was declared or changed (``spec``) or forgotten (None); contract v4."""
+
+    cohort: str
+    spec: CohortQuota | None
+    previous: CohortQuota | None = None
+    message: str = ""
+
+
+@dataclass(slots=True)
 class PodMigrated(Record):
     """A running pod moved from one node to another in one step (never on both, never on neither)."""
 
@@ -444,6 +454,7 @@ EventPayload = (
     | DisruptionBudgetRemoved
     | EvictionBlocked
     | PodEvictionScheduled
+    | CohortChanged
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -483,6 +494,7 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         DisruptionBudgetRemoved,
         EvictionBlocked,
         PodEvictionScheduled,
+        CohortChanged,
     )
 }
 
@@ -541,4 +553,5 @@ nest(PodScheduled, {"pod": PodSpec, "gpus": GpuShare})
 nest(GangQueued, {"reasons": QueueReason, "gang": GangSpec})
 nest(GangScheduled, {"members": MemberPlacement, "gang": GangSpec})
 nest(QuotaChanged, {"quota": Quota, "previous": Quota})
+nest(CohortChanged, {"spec": CohortQuota, "previous": CohortQuota})
 nest(PodMigrated, {"from_gpus": GpuShare, "to_gpus": GpuShare})

@@ -29,6 +29,7 @@ from schemas.avro_binary import (
 from schemas.codec import DecodeError
 from schemas.commands import (
     AddNode as _c_AddNode,
+    CohortQuota as _c_CohortQuota,
     Command as _c_Command,
     CordonNode as _c_CordonNode,
     Defragment as _c_Defragment,
@@ -40,11 +41,13 @@ from schemas.commands import (
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
+    RemoveCohort as _c_RemoveCohort,
     RemoveDisruptionBudget as _c_RemoveDisruptionBudget,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
     Retry as _c_Retry,
+    SetCohort as _c_SetCohort,
     SetDisruptionBudget as _c_SetDisruptionBudget,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
@@ -59,6 +62,7 @@ from schemas.commands import (
 from schemas.events import (
     ClusterHalted as _c_ClusterHalted,
     ClusterResumed as _c_ClusterResumed,
+    CohortChanged as _c_CohortChanged,
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
@@ -101,7 +105,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01N\xfc\xa2\xd9D\xdaF\x05'
+_k1 = b'\xc3\x01\x15\xdd\x17r[=\xb32'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -182,114 +186,140 @@ _k339 = b'\x00'
 _k342 = b'\x02'
 _k344 = b'\x00'
 _k347 = b'&'
-_k351 = b'\xc3\x01N\xfc\xa2\xd9D\xdaF\x05'
-_k635 = b'\xc3\x01\xe1YF\x04\x8a\x96\xb6\x11'
-_k646 = b'\x00'
-_k658 = b'\x02'
-_k662 = b'\x04'
-_k666 = b'\x06'
-_k670 = b'\x08'
-_k675 = b'\n'
-_k682 = b'\x0c'
-_k700 = b'\x02'
-_k703 = b'\x00'
-_k706 = b'\x02'
-_k708 = b'\x00'
-_k717 = b'\x00'
-_k720 = b'\x02'
-_k723 = b'\x00'
-_k734 = b'\x0e'
-_k752 = b'\x02'
-_k755 = b'\x00'
-_k758 = b'\x02'
-_k760 = b'\x00'
-_k769 = b'\x00'
-_k772 = b'\x02'
-_k775 = b'\x00'
-_k791 = b'\x10'
-_k799 = b'\x12'
-_k804 = b'\x02'
-_k807 = b'\x00'
-_k811 = b'\x14'
-_k818 = b'\x02'
-_k820 = b'\x00'
-_k825 = b'\x02'
-_k827 = b'\x00'
-_k829 = b'\x16'
-_k839 = b'\x18'
-_k868 = b'\x02'
-_k871 = b'\x00'
-_k874 = b'\x02'
-_k876 = b'\x00'
-_k885 = b'\x00'
-_k888 = b'\x02'
-_k891 = b'\x00'
-_k895 = b'\x02'
-_k898 = b'\x00'
-_k901 = b'\x02'
-_k904 = b'\x00'
-_k907 = b'\x02'
-_k909 = b'\x00'
-_k912 = b'\x02'
-_k914 = b'\x00'
-_k924 = b'\x00'
-_k927 = b'\x02'
-_k929 = b'\x00'
-_k935 = b'\x1a'
+_k351 = b'('
+_k356 = b'\x02'
+_k359 = b'\x00'
+_k363 = b'\x02'
+_k365 = b'\x00'
+_k368 = b'\x02'
+_k370 = b'\x00'
+_k373 = b'\x02'
+_k375 = b'\x00'
+_k378 = b'\x02'
+_k380 = b'\x00'
+_k382 = b'*'
+_k386 = b'\xc3\x01\x15\xdd\x17r[=\xb32'
+_k690 = b'\xc3\x01\xdd\x8f\xfa\xb6\xf7w\x0f"'
+_k701 = b'\x00'
+_k713 = b'\x02'
+_k717 = b'\x04'
+_k721 = b'\x06'
+_k725 = b'\x08'
+_k730 = b'\n'
+_k737 = b'\x0c'
+_k755 = b'\x02'
+_k758 = b'\x00'
+_k761 = b'\x02'
+_k763 = b'\x00'
+_k772 = b'\x00'
+_k775 = b'\x02'
+_k778 = b'\x00'
+_k789 = b'\x0e'
+_k807 = b'\x02'
+_k810 = b'\x00'
+_k813 = b'\x02'
+_k815 = b'\x00'
+_k824 = b'\x00'
+_k827 = b'\x02'
+_k830 = b'\x00'
+_k846 = b'\x10'
+_k854 = b'\x12'
+_k859 = b'\x02'
+_k862 = b'\x00'
+_k866 = b'\x14'
+_k873 = b'\x02'
+_k875 = b'\x00'
+_k880 = b'\x02'
+_k882 = b'\x00'
+_k884 = b'\x16'
+_k894 = b'\x18'
+_k923 = b'\x02'
+_k926 = b'\x00'
+_k929 = b'\x02'
+_k931 = b'\x00'
+_k940 = b'\x00'
+_k943 = b'\x02'
+_k946 = b'\x00'
+_k950 = b'\x02'
+_k953 = b'\x00'
 _k956 = b'\x02'
 _k959 = b'\x00'
 _k962 = b'\x02'
-_k965 = b'\x00'
-_k968 = b'\x02'
-_k970 = b'\x00'
-_k973 = b'\x02'
-_k975 = b'\x00'
-_k985 = b'\x00'
-_k988 = b'\x02'
-_k990 = b'\x00'
-_k996 = b'\x02'
-_k999 = b'\x00'
-_k1002 = b'\x02'
-_k1005 = b'\x00'
-_k1010 = b'\x1c'
-_k1017 = b'\x1e'
-_k1024 = b' '
-_k1032 = b'\x02'
-_k1035 = b'\x00'
-_k1037 = b'"'
-_k1045 = b'\x02'
-_k1047 = b'\x00'
-_k1051 = b'$'
-_k1062 = b'&'
-_k1072 = b'('
-_k1075 = b'*'
-_k1087 = b','
-_k1090 = b'\x02'
-_k1093 = b'\x00'
-_k1096 = b'\x00'
-_k1099 = b'\x00'
-_k1103 = b'.'
-_k1117 = b'0'
-_k1123 = b'\x02'
-_k1126 = b'\x00'
-_k1130 = b'2'
-_k1140 = b'4'
-_k1150 = b'6'
-_k1154 = b'8'
-_k1161 = b':'
-_k1168 = b'\x02'
-_k1171 = b'\x00'
-_k1173 = b'<'
+_k964 = b'\x00'
+_k967 = b'\x02'
+_k969 = b'\x00'
+_k979 = b'\x00'
+_k982 = b'\x02'
+_k984 = b'\x00'
+_k990 = b'\x1a'
+_k1011 = b'\x02'
+_k1014 = b'\x00'
+_k1017 = b'\x02'
+_k1020 = b'\x00'
+_k1023 = b'\x02'
+_k1025 = b'\x00'
+_k1028 = b'\x02'
+_k1030 = b'\x00'
+_k1040 = b'\x00'
+_k1043 = b'\x02'
+_k1045 = b'\x00'
+_k1051 = b'\x02'
+_k1054 = b'\x00'
+_k1057 = b'\x02'
+_k1060 = b'\x00'
+_k1065 = b'\x1c'
+_k1072 = b'\x1e'
+_k1079 = b' '
+_k1087 = b'\x02'
+_k1090 = b'\x00'
+_k1092 = b'"'
+_k1100 = b'\x02'
+_k1102 = b'\x00'
+_k1106 = b'$'
+_k1117 = b'&'
+_k1127 = b'('
+_k1130 = b'*'
+_k1142 = b','
+_k1145 = b'\x02'
+_k1148 = b'\x00'
+_k1151 = b'\x00'
+_k1154 = b'\x00'
+_k1158 = b'.'
+_k1172 = b'0'
 _k1178 = b'\x02'
 _k1181 = b'\x00'
-_k1184 = b'\x02'
-_k1187 = b'\x00'
-_k1190 = b'\x02'
-_k1192 = b'\x00'
-_k1195 = b'>'
-_k1199 = b'@'
-_k1210 = b'B'
-_k1217 = b'\xc3\x01\xe1YF\x04\x8a\x96\xb6\x11'
+_k1185 = b'2'
+_k1195 = b'4'
+_k1205 = b'6'
+_k1209 = b'8'
+_k1216 = b':'
+_k1223 = b'\x02'
+_k1226 = b'\x00'
+_k1228 = b'<'
+_k1233 = b'\x02'
+_k1236 = b'\x00'
+_k1239 = b'\x02'
+_k1242 = b'\x00'
+_k1245 = b'\x02'
+_k1247 = b'\x00'
+_k1250 = b'>'
+_k1254 = b'@'
+_k1265 = b'B'
+_k1272 = b'D'
+_k1277 = b'\x02'
+_k1282 = b'\x02'
+_k1285 = b'\x00'
+_k1289 = b'\x02'
+_k1291 = b'\x00'
+_k1294 = b'\x02'
+_k1296 = b'\x00'
+_k1299 = b'\x02'
+_k1301 = b'\x00'
+_k1304 = b'\x02'
+_k1306 = b'\x00'
+_k1308 = b'\x00'
+_k1311 = b'\x00'
+_k1315 = b'\xc3\x01\xdd\x8f\xfa\xb6\xf7w\x0f"'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -585,55 +615,83 @@ def _e_RemoveDisruptionBudget346(o: _c_RemoveDisruptionBudget) -> bytes:
     return b"".join((_k347, (_P[n350] if (n350 := len(s349 := o.budget_id.encode())) < 8192 else _long(n350)), s349,))
 
 
+def _u356(v: Any) -> bytes:
+    return b"".join((_k356, (_P[n359] if (n359 := len(s358 := v.encode())) < 8192 else _long(n359)), s358,))
+
+
+def _u363(v: Any) -> bytes:
+    return b"".join((_k363, (_P[n365] if 0 <= (n365 := v) < 8192 else _long(n365)),))
+
+
+def _u368(v: Any) -> bytes:
+    return b"".join((_k368, (_P[n370] if 0 <= (n370 := v) < 8192 else _long(n370)),))
+
+
+def _u373(v: Any) -> bytes:
+    return b"".join((_k373, (_P[n375] if 0 <= (n375 := v) < 8192 else _long(n375)),))
+
+
+def _u378(v: Any) -> bytes:
+    return b"".join((_k378, (_P[n380] if 0 <= (n380 := v) < 8192 else _long(n380)),))
+
+
+def _e_SetCohort350(o: _c_SetCohort) -> bytes:
+    return b"".join((_k351, (_P[n354] if (n354 := len(s353 := o.cohort.encode())) < 8192 else _long(n354)), s353, (_k359 if (u355 := o.parent) is None else _u356(u355)), (_b132(a361) if (a361 := o.nominal_gpus) else b"\x00"), (_k365 if (u362 := o.nominal_cpu_milli) is None else _u363(u362)), (_k370 if (u367 := o.nominal_memory_mib) is None else _u368(u367)), (_k375 if (u372 := o.borrowing_limit_gpus) is None else _u373(u372)), (_k380 if (u377 := o.lending_limit_gpus) is None else _u378(u377)),))
+
+
+def _e_RemoveCohort381(o: _c_RemoveCohort) -> bytes:
+    return b"".join((_k382, (_P[n385] if (n385 := len(s384 := o.cohort.encode())) < 8192 else _long(n385)), s384,))
+
+
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k350[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k385[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint378(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint413(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n380 = _ZL[buf[pos]]
-    if n380 < 0:
-        n380, pos = _rlong(buf, pos)
-        if n380 < 0:
-            raise _length_error(n380, end - pos)
+    n415 = _ZL[buf[pos]]
+    if n415 < 0:
+        n415, pos = _rlong(buf, pos)
+        if n415 < 0:
+            raise _length_error(n415, end - pos)
     else:
         pos += 1
-    q381 = pos + n380
-    if q381 > end:
-        raise _length_error(n380, end - pos)
-    f_key = buf[pos:q381].decode()
-    pos = q381
-    n382 = _ZL[buf[pos]]
-    if n382 < 0:
-        n382, pos = _rlong(buf, pos)
-        if n382 < 0:
-            raise _length_error(n382, end - pos)
+    q416 = pos + n415
+    if q416 > end:
+        raise _length_error(n415, end - pos)
+    f_key = buf[pos:q416].decode()
+    pos = q416
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q383 = pos + n382
-    if q383 > end:
-        raise _length_error(n382, end - pos)
-    f_value = buf[pos:q383].decode()
-    pos = q383
-    n384 = _ZL[buf[pos]]
-    if n384 < 0:
-        n384, pos = _rlong(buf, pos)
-        if n384 < 0:
-            raise _length_error(n384, end - pos)
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_value = buf[pos:q418].decode()
+    pos = q418
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q385 = pos + n384
-    if q385 > end:
-        raise _length_error(n384, end - pos)
-    f_effect = buf[pos:q385].decode()
-    pos = q385
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_effect = buf[pos:q420].decode()
+    pos = q420
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode359(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode394(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -642,30 +700,30 @@ def _d_AddNode359(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n361 = _ZL[buf[pos]]
-    if n361 < 0:
-        n361, pos = _rlong(buf, pos)
-        if n361 < 0:
-            raise _length_error(n361, end - pos)
+    n396 = _ZL[buf[pos]]
+    if n396 < 0:
+        n396, pos = _rlong(buf, pos)
+        if n396 < 0:
+            raise _length_error(n396, end - pos)
     else:
         pos += 1
-    q362 = pos + n361
-    if q362 > end:
-        raise _length_error(n361, end - pos)
-    f_node_id = buf[pos:q362].decode()
-    pos = q362
-    n363 = _ZL[buf[pos]]
-    if n363 < 0:
-        n363, pos = _rlong(buf, pos)
-        if n363 < 0:
-            raise _length_error(n363, end - pos)
+    q397 = pos + n396
+    if q397 > end:
+        raise _length_error(n396, end - pos)
+    f_node_id = buf[pos:q397].decode()
+    pos = q397
+    n398 = _ZL[buf[pos]]
+    if n398 < 0:
+        n398, pos = _rlong(buf, pos)
+        if n398 < 0:
+            raise _length_error(n398, end - pos)
     else:
         pos += 1
-    q364 = pos + n363
-    if q364 > end:
-        raise _length_error(n363, end - pos)
-    f_gpu_model = buf[pos:q364].decode()
-    pos = q364
+    q399 = pos + n398
+    if q399 > end:
+        raise _length_error(n398, end - pos)
+    f_gpu_model = buf[pos:q399].decode()
+    pos = q399
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -712,113 +770,113 @@ def _d_AddNode359(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc365: dict[str, Any] = {}
+        acc400: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c366 = _ZD[b]
+                c401 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c366 = (z >> 1) ^ -(z & 1)
+                c401 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c366 = (z >> 1) ^ -(z & 1)
+                c401 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c366, pos = _rlong(buf, pos)
-            if c366 == 0:
+                c401, pos = _rlong(buf, pos)
+            if c401 == 0:
                 break
-            if c366 < 0:
-                c366 = -c366
+            if c401 < 0:
+                c401 = -c401
                 b = buf[pos]
                 if b < 128:
-                    z369 = _ZD[b]
+                    z404 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z369 = (z >> 1) ^ -(z & 1)
+                    z404 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z369 = (z >> 1) ^ -(z & 1)
+                    z404 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z369, pos = _rlong(buf, pos)
-            if c366 * 2 > end - pos:
-                raise _count_error(c366, end - pos)
-            for _ in range(c366):
-                n370 = _ZL[buf[pos]]
-                if n370 < 0:
-                    n370, pos = _rlong(buf, pos)
-                    if n370 < 0:
-                        raise _length_error(n370, end - pos)
+                    z404, pos = _rlong(buf, pos)
+            if c401 * 2 > end - pos:
+                raise _count_error(c401, end - pos)
+            for _ in range(c401):
+                n405 = _ZL[buf[pos]]
+                if n405 < 0:
+                    n405, pos = _rlong(buf, pos)
+                    if n405 < 0:
+                        raise _length_error(n405, end - pos)
                 else:
                     pos += 1
-                q371 = pos + n370
-                if q371 > end:
-                    raise _length_error(n370, end - pos)
-                k368 = buf[pos:q371].decode()
-                pos = q371
-                n372 = _ZL[buf[pos]]
-                if n372 < 0:
-                    n372, pos = _rlong(buf, pos)
-                    if n372 < 0:
-                        raise _length_error(n372, end - pos)
+                q406 = pos + n405
+                if q406 > end:
+                    raise _length_error(n405, end - pos)
+                k403 = buf[pos:q406].decode()
+                pos = q406
+                n407 = _ZL[buf[pos]]
+                if n407 < 0:
+                    n407, pos = _rlong(buf, pos)
+                    if n407 < 0:
+                        raise _length_error(n407, end - pos)
                 else:
                     pos += 1
-                q373 = pos + n372
-                if q373 > end:
-                    raise _length_error(n372, end - pos)
-                x367 = buf[pos:q373].decode()
-                pos = q373
-                acc365[k368] = x367
-        f_labels = acc365
+                q408 = pos + n407
+                if q408 > end:
+                    raise _length_error(n407, end - pos)
+                x402 = buf[pos:q408].decode()
+                pos = q408
+                acc400[k403] = x402
+        f_labels = acc400
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc374: list[Any] = []
+        acc409: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c375 = _ZD[b]
+                c410 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c375 = (z >> 1) ^ -(z & 1)
+                c410 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c375 = (z >> 1) ^ -(z & 1)
+                c410 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c375, pos = _rlong(buf, pos)
-            if c375 == 0:
+                c410, pos = _rlong(buf, pos)
+            if c410 == 0:
                 break
-            if c375 < 0:
-                c375 = -c375
+            if c410 < 0:
+                c410 = -c410
                 b = buf[pos]
                 if b < 128:
-                    z378 = _ZD[b]
+                    z413 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z378 = (z >> 1) ^ -(z & 1)
+                    z413 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z378 = (z >> 1) ^ -(z & 1)
+                    z413 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z378, pos = _rlong(buf, pos)
-            if c375 * 3 > end - pos:
-                raise _count_error(c375, end - pos)
-            for _ in range(c375):
-                x376, pos = _d_Taint378(buf, pos, end)
-                acc374.append(x376)
-        f_taints = tuple(acc374)
+                    z413, pos = _rlong(buf, pos)
+            if c410 * 3 > end - pos:
+                raise _count_error(c410, end - pos)
+            for _ in range(c410):
+                x411, pos = _d_Taint413(buf, pos, end)
+                acc409.append(x411)
+        f_taints = tuple(acc409)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -837,79 +895,79 @@ def _d_AddNode359(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode385(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode420(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n387 = _ZL[buf[pos]]
-    if n387 < 0:
-        n387, pos = _rlong(buf, pos)
-        if n387 < 0:
-            raise _length_error(n387, end - pos)
+    n422 = _ZL[buf[pos]]
+    if n422 < 0:
+        n422, pos = _rlong(buf, pos)
+        if n422 < 0:
+            raise _length_error(n422, end - pos)
     else:
         pos += 1
-    q388 = pos + n387
-    if q388 > end:
-        raise _length_error(n387, end - pos)
-    f_node_id = buf[pos:q388].decode()
-    pos = q388
+    q423 = pos + n422
+    if q423 > end:
+        raise _length_error(n422, end - pos)
+    f_node_id = buf[pos:q423].decode()
+    pos = q423
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode388(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode423(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n390 = _ZL[buf[pos]]
-    if n390 < 0:
-        n390, pos = _rlong(buf, pos)
-        if n390 < 0:
-            raise _length_error(n390, end - pos)
+    n425 = _ZL[buf[pos]]
+    if n425 < 0:
+        n425, pos = _rlong(buf, pos)
+        if n425 < 0:
+            raise _length_error(n425, end - pos)
     else:
         pos += 1
-    q391 = pos + n390
-    if q391 > end:
-        raise _length_error(n390, end - pos)
-    f_node_id = buf[pos:q391].decode()
-    pos = q391
+    q426 = pos + n425
+    if q426 > end:
+        raise _length_error(n425, end - pos)
+    f_node_id = buf[pos:q426].decode()
+    pos = q426
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode391(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode426(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n393 = _ZL[buf[pos]]
-    if n393 < 0:
-        n393, pos = _rlong(buf, pos)
-        if n393 < 0:
-            raise _length_error(n393, end - pos)
+    n428 = _ZL[buf[pos]]
+    if n428 < 0:
+        n428, pos = _rlong(buf, pos)
+        if n428 < 0:
+            raise _length_error(n428, end - pos)
     else:
         pos += 1
-    q394 = pos + n393
-    if q394 > end:
-        raise _length_error(n393, end - pos)
-    f_node_id = buf[pos:q394].decode()
-    pos = q394
+    q429 = pos + n428
+    if q429 > end:
+        raise _length_error(n428, end - pos)
+    f_node_id = buf[pos:q429].decode()
+    pos = q429
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode394(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode429(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n396 = _ZL[buf[pos]]
-    if n396 < 0:
-        n396, pos = _rlong(buf, pos)
-        if n396 < 0:
-            raise _length_error(n396, end - pos)
+    n431 = _ZL[buf[pos]]
+    if n431 < 0:
+        n431, pos = _rlong(buf, pos)
+        if n431 < 0:
+            raise _length_error(n431, end - pos)
     else:
         pos += 1
-    q397 = pos + n396
-    if q397 > end:
-        raise _length_error(n396, end - pos)
-    f_node_id = buf[pos:q397].decode()
-    pos = q397
+    q432 = pos + n431
+    if q432 > end:
+        raise _length_error(n431, end - pos)
+    f_node_id = buf[pos:q432].decode()
+    pos = q432
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -930,66 +988,9 @@ def _d_DrainNode394(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed397(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed432(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n399 = _ZL[buf[pos]]
-    if n399 < 0:
-        n399, pos = _rlong(buf, pos)
-        if n399 < 0:
-            raise _length_error(n399, end - pos)
-    else:
-        pos += 1
-    q400 = pos + n399
-    if q400 > end:
-        raise _length_error(n399, end - pos)
-    f_node_id = buf[pos:q400].decode()
-    pos = q400
-    n401 = _ZL[buf[pos]]
-    if n401 < 0:
-        n401, pos = _rlong(buf, pos)
-        if n401 < 0:
-            raise _length_error(n401, end - pos)
-    else:
-        pos += 1
-    q402 = pos + n401
-    if q402 > end:
-        raise _length_error(n401, end - pos)
-    f_reason = buf[pos:q402].decode()
-    pos = q402
-    o = _c_MarkNodeFailed(f_node_id, f_reason)
-    return o, pos
-
-
-def _d_Toleration428(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
-    f_key: str
-    f_operator: str
-    f_value: str
-    f_effect: str
-    n430 = _ZL[buf[pos]]
-    if n430 < 0:
-        n430, pos = _rlong(buf, pos)
-        if n430 < 0:
-            raise _length_error(n430, end - pos)
-    else:
-        pos += 1
-    q431 = pos + n430
-    if q431 > end:
-        raise _length_error(n430, end - pos)
-    f_key = buf[pos:q431].decode()
-    pos = q431
-    n432 = _ZL[buf[pos]]
-    if n432 < 0:
-        n432, pos = _rlong(buf, pos)
-        if n432 < 0:
-            raise _length_error(n432, end - pos)
-    else:
-        pos += 1
-    q433 = pos + n432
-    if q433 > end:
-        raise _length_error(n432, end - pos)
-    f_operator = buf[pos:q433].decode()
-    pos = q433
     n434 = _ZL[buf[pos]]
     if n434 < 0:
         n434, pos = _rlong(buf, pos)
@@ -1000,7 +1001,7 @@ def _d_Toleration428(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q435 = pos + n434
     if q435 > end:
         raise _length_error(n434, end - pos)
-    f_value = buf[pos:q435].decode()
+    f_node_id = buf[pos:q435].decode()
     pos = q435
     n436 = _ZL[buf[pos]]
     if n436 < 0:
@@ -1012,13 +1013,70 @@ def _d_Toleration428(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int
     q437 = pos + n436
     if q437 > end:
         raise _length_error(n436, end - pos)
-    f_effect = buf[pos:q437].decode()
+    f_reason = buf[pos:q437].decode()
     pos = q437
+    o = _c_MarkNodeFailed(f_node_id, f_reason)
+    return o, pos
+
+
+def _d_Toleration463(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+    f_key: str
+    f_operator: str
+    f_value: str
+    f_effect: str
+    n465 = _ZL[buf[pos]]
+    if n465 < 0:
+        n465, pos = _rlong(buf, pos)
+        if n465 < 0:
+            raise _length_error(n465, end - pos)
+    else:
+        pos += 1
+    q466 = pos + n465
+    if q466 > end:
+        raise _length_error(n465, end - pos)
+    f_key = buf[pos:q466].decode()
+    pos = q466
+    n467 = _ZL[buf[pos]]
+    if n467 < 0:
+        n467, pos = _rlong(buf, pos)
+        if n467 < 0:
+            raise _length_error(n467, end - pos)
+    else:
+        pos += 1
+    q468 = pos + n467
+    if q468 > end:
+        raise _length_error(n467, end - pos)
+    f_operator = buf[pos:q468].decode()
+    pos = q468
+    n469 = _ZL[buf[pos]]
+    if n469 < 0:
+        n469, pos = _rlong(buf, pos)
+        if n469 < 0:
+            raise _length_error(n469, end - pos)
+    else:
+        pos += 1
+    q470 = pos + n469
+    if q470 > end:
+        raise _length_error(n469, end - pos)
+    f_value = buf[pos:q470].decode()
+    pos = q470
+    n471 = _ZL[buf[pos]]
+    if n471 < 0:
+        n471, pos = _rlong(buf, pos)
+        if n471 < 0:
+            raise _length_error(n471, end - pos)
+    else:
+        pos += 1
+    q472 = pos + n471
+    if q472 > end:
+        raise _length_error(n471, end - pos)
+    f_effect = buf[pos:q472].decode()
+    pos = q472
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry450(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry485(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1068,7 +1126,7 @@ def _d_Retry450(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod402(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod437(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1087,30 +1145,30 @@ def _d_SubmitPod402(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n404 = _ZL[buf[pos]]
-    if n404 < 0:
-        n404, pos = _rlong(buf, pos)
-        if n404 < 0:
-            raise _length_error(n404, end - pos)
+    n439 = _ZL[buf[pos]]
+    if n439 < 0:
+        n439, pos = _rlong(buf, pos)
+        if n439 < 0:
+            raise _length_error(n439, end - pos)
     else:
         pos += 1
-    q405 = pos + n404
-    if q405 > end:
-        raise _length_error(n404, end - pos)
-    f_pod_id = buf[pos:q405].decode()
-    pos = q405
-    n406 = _ZL[buf[pos]]
-    if n406 < 0:
-        n406, pos = _rlong(buf, pos)
-        if n406 < 0:
-            raise _length_error(n406, end - pos)
+    q440 = pos + n439
+    if q440 > end:
+        raise _length_error(n439, end - pos)
+    f_pod_id = buf[pos:q440].decode()
+    pos = q440
+    n441 = _ZL[buf[pos]]
+    if n441 < 0:
+        n441, pos = _rlong(buf, pos)
+        if n441 < 0:
+            raise _length_error(n441, end - pos)
     else:
         pos += 1
-    q407 = pos + n406
-    if q407 > end:
-        raise _length_error(n406, end - pos)
-    f_tenant = buf[pos:q407].decode()
-    pos = q407
+    q442 = pos + n441
+    if q442 > end:
+        raise _length_error(n441, end - pos)
+    f_tenant = buf[pos:q442].decode()
+    pos = q442
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1185,185 +1243,185 @@ def _d_SubmitPod402(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc408: list[Any] = []
+        acc443: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c409 = _ZD[b]
+                c444 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c409 = (z >> 1) ^ -(z & 1)
+                c444 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c409 = (z >> 1) ^ -(z & 1)
+                c444 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c409, pos = _rlong(buf, pos)
-            if c409 == 0:
+                c444, pos = _rlong(buf, pos)
+            if c444 == 0:
                 break
-            if c409 < 0:
-                c409 = -c409
+            if c444 < 0:
+                c444 = -c444
                 b = buf[pos]
                 if b < 128:
-                    z412 = _ZD[b]
+                    z447 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z447 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z412 = (z >> 1) ^ -(z & 1)
+                    z447 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z412, pos = _rlong(buf, pos)
-            if c409 * 1 > end - pos:
-                raise _count_error(c409, end - pos)
-            for _ in range(c409):
-                n413 = _ZL[buf[pos]]
-                if n413 < 0:
-                    n413, pos = _rlong(buf, pos)
-                    if n413 < 0:
-                        raise _length_error(n413, end - pos)
+                    z447, pos = _rlong(buf, pos)
+            if c444 * 1 > end - pos:
+                raise _count_error(c444, end - pos)
+            for _ in range(c444):
+                n448 = _ZL[buf[pos]]
+                if n448 < 0:
+                    n448, pos = _rlong(buf, pos)
+                    if n448 < 0:
+                        raise _length_error(n448, end - pos)
                 else:
                     pos += 1
-                q414 = pos + n413
-                if q414 > end:
-                    raise _length_error(n413, end - pos)
-                x410 = buf[pos:q414].decode()
-                pos = q414
-                acc408.append(x410)
-        f_gpu_models = tuple(acc408)
+                q449 = pos + n448
+                if q449 > end:
+                    raise _length_error(n448, end - pos)
+                x445 = buf[pos:q449].decode()
+                pos = q449
+                acc443.append(x445)
+        f_gpu_models = tuple(acc443)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc415: dict[str, Any] = {}
+        acc450: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c416 = _ZD[b]
+                c451 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c416 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c416 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c416, pos = _rlong(buf, pos)
-            if c416 == 0:
+                c451, pos = _rlong(buf, pos)
+            if c451 == 0:
                 break
-            if c416 < 0:
-                c416 = -c416
+            if c451 < 0:
+                c451 = -c451
                 b = buf[pos]
                 if b < 128:
-                    z419 = _ZD[b]
+                    z454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z419 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z419 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z419, pos = _rlong(buf, pos)
-            if c416 * 2 > end - pos:
-                raise _count_error(c416, end - pos)
-            for _ in range(c416):
-                n420 = _ZL[buf[pos]]
-                if n420 < 0:
-                    n420, pos = _rlong(buf, pos)
-                    if n420 < 0:
-                        raise _length_error(n420, end - pos)
+                    z454, pos = _rlong(buf, pos)
+            if c451 * 2 > end - pos:
+                raise _count_error(c451, end - pos)
+            for _ in range(c451):
+                n455 = _ZL[buf[pos]]
+                if n455 < 0:
+                    n455, pos = _rlong(buf, pos)
+                    if n455 < 0:
+                        raise _length_error(n455, end - pos)
                 else:
                     pos += 1
-                q421 = pos + n420
-                if q421 > end:
-                    raise _length_error(n420, end - pos)
-                k418 = buf[pos:q421].decode()
-                pos = q421
-                n422 = _ZL[buf[pos]]
-                if n422 < 0:
-                    n422, pos = _rlong(buf, pos)
-                    if n422 < 0:
-                        raise _length_error(n422, end - pos)
+                q456 = pos + n455
+                if q456 > end:
+                    raise _length_error(n455, end - pos)
+                k453 = buf[pos:q456].decode()
+                pos = q456
+                n457 = _ZL[buf[pos]]
+                if n457 < 0:
+                    n457, pos = _rlong(buf, pos)
+                    if n457 < 0:
+                        raise _length_error(n457, end - pos)
                 else:
                     pos += 1
-                q423 = pos + n422
-                if q423 > end:
-                    raise _length_error(n422, end - pos)
-                x417 = buf[pos:q423].decode()
-                pos = q423
-                acc415[k418] = x417
-        f_node_selector = acc415
+                q458 = pos + n457
+                if q458 > end:
+                    raise _length_error(n457, end - pos)
+                x452 = buf[pos:q458].decode()
+                pos = q458
+                acc450[k453] = x452
+        f_node_selector = acc450
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc424: list[Any] = []
+        acc459: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c425 = _ZD[b]
+                c460 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c425 = (z >> 1) ^ -(z & 1)
+                c460 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c425 = (z >> 1) ^ -(z & 1)
+                c460 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c425, pos = _rlong(buf, pos)
-            if c425 == 0:
+                c460, pos = _rlong(buf, pos)
+            if c460 == 0:
                 break
-            if c425 < 0:
-                c425 = -c425
+            if c460 < 0:
+                c460 = -c460
                 b = buf[pos]
                 if b < 128:
-                    z428 = _ZD[b]
+                    z463 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z428 = (z >> 1) ^ -(z & 1)
+                    z463 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z428 = (z >> 1) ^ -(z & 1)
+                    z463 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z428, pos = _rlong(buf, pos)
-            if c425 * 4 > end - pos:
-                raise _count_error(c425, end - pos)
-            for _ in range(c425):
-                x426, pos = _d_Toleration428(buf, pos, end)
-                acc424.append(x426)
-        f_tolerations = tuple(acc424)
+                    z463, pos = _rlong(buf, pos)
+            if c460 * 4 > end - pos:
+                raise _count_error(c460, end - pos)
+            for _ in range(c460):
+                x461, pos = _d_Toleration463(buf, pos, end)
+                acc459.append(x461)
+        f_tolerations = tuple(acc459)
     b = buf[pos]
     if b < 128:
-        i438 = _ZD[b]
+        i473 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i438 = (z >> 1) ^ -(z & 1)
+        i473 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i438 = (z >> 1) ^ -(z & 1)
+        i473 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i438, pos = _rlong(buf, pos)
-    if i438 == 0:
+        i473, pos = _rlong(buf, pos)
+    if i473 == 0:
         f_time_limit_ms = None
-    elif i438 == 1:
+    elif i473 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1379,86 +1437,86 @@ def _d_SubmitPod402(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i438, 2)
+        raise _union_error(i473, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc439: list[Any] = []
+        acc474: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c440 = _ZD[b]
+                c475 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c440 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c440 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c440, pos = _rlong(buf, pos)
-            if c440 == 0:
+                c475, pos = _rlong(buf, pos)
+            if c475 == 0:
                 break
-            if c440 < 0:
-                c440 = -c440
+            if c475 < 0:
+                c475 = -c475
                 b = buf[pos]
                 if b < 128:
-                    z443 = _ZD[b]
+                    z478 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z443 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z443 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z443, pos = _rlong(buf, pos)
-            if c440 * 1 > end - pos:
-                raise _count_error(c440, end - pos)
-            for _ in range(c440):
-                n444 = _ZL[buf[pos]]
-                if n444 < 0:
-                    n444, pos = _rlong(buf, pos)
-                    if n444 < 0:
-                        raise _length_error(n444, end - pos)
+                    z478, pos = _rlong(buf, pos)
+            if c475 * 1 > end - pos:
+                raise _count_error(c475, end - pos)
+            for _ in range(c475):
+                n479 = _ZL[buf[pos]]
+                if n479 < 0:
+                    n479, pos = _rlong(buf, pos)
+                    if n479 < 0:
+                        raise _length_error(n479, end - pos)
                 else:
                     pos += 1
-                q445 = pos + n444
-                if q445 > end:
-                    raise _length_error(n444, end - pos)
-                x441 = buf[pos:q445].decode()
-                pos = q445
-                acc439.append(x441)
-        f_depends_on = tuple(acc439)
-    n446 = _ZL[buf[pos]]
-    if n446 < 0:
-        n446, pos = _rlong(buf, pos)
-        if n446 < 0:
-            raise _length_error(n446, end - pos)
+                q480 = pos + n479
+                if q480 > end:
+                    raise _length_error(n479, end - pos)
+                x476 = buf[pos:q480].decode()
+                pos = q480
+                acc474.append(x476)
+        f_depends_on = tuple(acc474)
+    n481 = _ZL[buf[pos]]
+    if n481 < 0:
+        n481, pos = _rlong(buf, pos)
+        if n481 < 0:
+            raise _length_error(n481, end - pos)
     else:
         pos += 1
-    q447 = pos + n446
-    if q447 > end:
-        raise _length_error(n446, end - pos)
-    f_dependency = buf[pos:q447].decode()
-    pos = q447
-    n448 = _ZL[buf[pos]]
-    if n448 < 0:
-        n448, pos = _rlong(buf, pos)
-        if n448 < 0:
-            raise _length_error(n448, end - pos)
+    q482 = pos + n481
+    if q482 > end:
+        raise _length_error(n481, end - pos)
+    f_dependency = buf[pos:q482].decode()
+    pos = q482
+    n483 = _ZL[buf[pos]]
+    if n483 < 0:
+        n483, pos = _rlong(buf, pos)
+        if n483 < 0:
+            raise _length_error(n483, end - pos)
     else:
         pos += 1
-    q449 = pos + n448
-    if q449 > end:
-        raise _length_error(n448, end - pos)
-    f_preemption = buf[pos:q449].decode()
-    pos = q449
+    q484 = pos + n483
+    if q484 > end:
+        raise _length_error(n483, end - pos)
+    f_preemption = buf[pos:q484].decode()
+    pos = q484
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1477,119 +1535,119 @@ def _d_SubmitPod402(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i450 = _ZD[b]
+        i485 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i450 = (z >> 1) ^ -(z & 1)
+        i485 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i450 = (z >> 1) ^ -(z & 1)
+        i485 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i450, pos = _rlong(buf, pos)
-    if i450 == 0:
+        i485, pos = _rlong(buf, pos)
+    if i485 == 0:
         f_retry = None
-    elif i450 == 1:
-        f_retry, pos = _d_Retry450(buf, pos, end)
+    elif i485 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i450, 2)
+        raise _union_error(i485, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release451(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release486(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n453 = _ZL[buf[pos]]
-    if n453 < 0:
-        n453, pos = _rlong(buf, pos)
-        if n453 < 0:
-            raise _length_error(n453, end - pos)
+    n488 = _ZL[buf[pos]]
+    if n488 < 0:
+        n488, pos = _rlong(buf, pos)
+        if n488 < 0:
+            raise _length_error(n488, end - pos)
     else:
         pos += 1
-    q454 = pos + n453
-    if q454 > end:
-        raise _length_error(n453, end - pos)
-    f_pod_id = buf[pos:q454].decode()
-    pos = q454
-    n455 = _ZL[buf[pos]]
-    if n455 < 0:
-        n455, pos = _rlong(buf, pos)
-        if n455 < 0:
-            raise _length_error(n455, end - pos)
+    q489 = pos + n488
+    if q489 > end:
+        raise _length_error(n488, end - pos)
+    f_pod_id = buf[pos:q489].decode()
+    pos = q489
+    n490 = _ZL[buf[pos]]
+    if n490 < 0:
+        n490, pos = _rlong(buf, pos)
+        if n490 < 0:
+            raise _length_error(n490, end - pos)
     else:
         pos += 1
-    q456 = pos + n455
-    if q456 > end:
-        raise _length_error(n455, end - pos)
-    f_reason = buf[pos:q456].decode()
-    pos = q456
+    q491 = pos + n490
+    if q491 > end:
+        raise _length_error(n490, end - pos)
+    f_reason = buf[pos:q491].decode()
+    pos = q491
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption479(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption514(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n481 = _ZL[buf[pos]]
-    if n481 < 0:
-        n481, pos = _rlong(buf, pos)
-        if n481 < 0:
-            raise _length_error(n481, end - pos)
+    n516 = _ZL[buf[pos]]
+    if n516 < 0:
+        n516, pos = _rlong(buf, pos)
+        if n516 < 0:
+            raise _length_error(n516, end - pos)
     else:
         pos += 1
-    q482 = pos + n481
-    if q482 > end:
-        raise _length_error(n481, end - pos)
-    f_within_tenant = buf[pos:q482].decode()
-    pos = q482
-    n483 = _ZL[buf[pos]]
-    if n483 < 0:
-        n483, pos = _rlong(buf, pos)
-        if n483 < 0:
-            raise _length_error(n483, end - pos)
+    q517 = pos + n516
+    if q517 > end:
+        raise _length_error(n516, end - pos)
+    f_within_tenant = buf[pos:q517].decode()
+    pos = q517
+    n518 = _ZL[buf[pos]]
+    if n518 < 0:
+        n518, pos = _rlong(buf, pos)
+        if n518 < 0:
+            raise _length_error(n518, end - pos)
     else:
         pos += 1
-    q484 = pos + n483
-    if q484 > end:
-        raise _length_error(n483, end - pos)
-    f_reclaim_within_cohort = buf[pos:q484].decode()
-    pos = q484
-    n485 = _ZL[buf[pos]]
-    if n485 < 0:
-        n485, pos = _rlong(buf, pos)
-        if n485 < 0:
-            raise _length_error(n485, end - pos)
+    q519 = pos + n518
+    if q519 > end:
+        raise _length_error(n518, end - pos)
+    f_reclaim_within_cohort = buf[pos:q519].decode()
+    pos = q519
+    n520 = _ZL[buf[pos]]
+    if n520 < 0:
+        n520, pos = _rlong(buf, pos)
+        if n520 < 0:
+            raise _length_error(n520, end - pos)
     else:
         pos += 1
-    q486 = pos + n485
-    if q486 > end:
-        raise _length_error(n485, end - pos)
-    f_borrow_within_cohort = buf[pos:q486].decode()
-    pos = q486
+    q521 = pos + n520
+    if q521 > end:
+        raise _length_error(n520, end - pos)
+    f_borrow_within_cohort = buf[pos:q521].decode()
+    pos = q521
     b = buf[pos]
     if b < 128:
-        i487 = _ZD[b]
+        i522 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i487 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i487 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i487, pos = _rlong(buf, pos)
-    if i487 == 0:
+        i522, pos = _rlong(buf, pos)
+    if i522 == 0:
         f_borrow_max_victim_priority = None
-    elif i487 == 1:
+    elif i522 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1605,12 +1663,12 @@ def _d_QuotaPreemption479(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i487, 2)
+        raise _union_error(i522, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota498(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1621,121 +1679,121 @@ def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i465 = _ZD[b]
+        i500 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i465 = (z >> 1) ^ -(z & 1)
+        i500 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i465 = (z >> 1) ^ -(z & 1)
+        i500 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i465, pos = _rlong(buf, pos)
-    if i465 == 0:
+        i500, pos = _rlong(buf, pos)
+    if i500 == 0:
         f_cohort = None
-    elif i465 == 1:
-        n466 = _ZL[buf[pos]]
-        if n466 < 0:
-            n466, pos = _rlong(buf, pos)
-            if n466 < 0:
-                raise _length_error(n466, end - pos)
+    elif i500 == 1:
+        n501 = _ZL[buf[pos]]
+        if n501 < 0:
+            n501, pos = _rlong(buf, pos)
+            if n501 < 0:
+                raise _length_error(n501, end - pos)
         else:
             pos += 1
-        q467 = pos + n466
-        if q467 > end:
-            raise _length_error(n466, end - pos)
-        f_cohort = buf[pos:q467].decode()
-        pos = q467
+        q502 = pos + n501
+        if q502 > end:
+            raise _length_error(n501, end - pos)
+        f_cohort = buf[pos:q502].decode()
+        pos = q502
     else:
-        raise _union_error(i465, 2)
+        raise _union_error(i500, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc468: dict[str, Any] = {}
+        acc503: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c469 = _ZD[b]
+                c504 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c469 = (z >> 1) ^ -(z & 1)
+                c504 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c469 = (z >> 1) ^ -(z & 1)
+                c504 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c469, pos = _rlong(buf, pos)
-            if c469 == 0:
+                c504, pos = _rlong(buf, pos)
+            if c504 == 0:
                 break
-            if c469 < 0:
-                c469 = -c469
+            if c504 < 0:
+                c504 = -c504
                 b = buf[pos]
                 if b < 128:
-                    z472 = _ZD[b]
+                    z507 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z472 = (z >> 1) ^ -(z & 1)
+                    z507 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z472 = (z >> 1) ^ -(z & 1)
+                    z507 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z472, pos = _rlong(buf, pos)
-            if c469 * 2 > end - pos:
-                raise _count_error(c469, end - pos)
-            for _ in range(c469):
-                n473 = _ZL[buf[pos]]
-                if n473 < 0:
-                    n473, pos = _rlong(buf, pos)
-                    if n473 < 0:
-                        raise _length_error(n473, end - pos)
+                    z507, pos = _rlong(buf, pos)
+            if c504 * 2 > end - pos:
+                raise _count_error(c504, end - pos)
+            for _ in range(c504):
+                n508 = _ZL[buf[pos]]
+                if n508 < 0:
+                    n508, pos = _rlong(buf, pos)
+                    if n508 < 0:
+                        raise _length_error(n508, end - pos)
                 else:
                     pos += 1
-                q474 = pos + n473
-                if q474 > end:
-                    raise _length_error(n473, end - pos)
-                k471 = buf[pos:q474].decode()
-                pos = q474
+                q509 = pos + n508
+                if q509 > end:
+                    raise _length_error(n508, end - pos)
+                k506 = buf[pos:q509].decode()
+                pos = q509
                 b = buf[pos]
                 if b < 128:
-                    x470 = _ZD[b]
+                    x505 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x470 = (z >> 1) ^ -(z & 1)
+                    x505 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x470 = (z >> 1) ^ -(z & 1)
+                    x505 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x470, pos = _rlong(buf, pos)
-                acc468[k471] = x470
-        f_nominal_gpus = acc468
+                    x505, pos = _rlong(buf, pos)
+                acc503[k506] = x505
+        f_nominal_gpus = acc503
     b = buf[pos]
     if b < 128:
-        i475 = _ZD[b]
+        i510 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i475 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i475 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i475, pos = _rlong(buf, pos)
-    if i475 == 0:
+        i510, pos = _rlong(buf, pos)
+    if i510 == 0:
         f_nominal_cpu_milli = None
-    elif i475 == 1:
+    elif i510 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1751,24 +1809,24 @@ def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i475, 2)
+        raise _union_error(i510, 2)
     b = buf[pos]
     if b < 128:
-        i476 = _ZD[b]
+        i511 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i476 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i476 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i476, pos = _rlong(buf, pos)
-    if i476 == 0:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
         f_nominal_memory_mib = None
-    elif i476 == 1:
+    elif i511 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1784,24 +1842,24 @@ def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i476, 2)
+        raise _union_error(i511, 2)
     b = buf[pos]
     if b < 128:
-        i477 = _ZD[b]
+        i512 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i477 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i477 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i477, pos = _rlong(buf, pos)
-    if i477 == 0:
+        i512, pos = _rlong(buf, pos)
+    if i512 == 0:
         f_borrowing_limit_gpus = None
-    elif i477 == 1:
+    elif i512 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1817,24 +1875,24 @@ def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i477, 2)
+        raise _union_error(i512, 2)
     b = buf[pos]
     if b < 128:
-        i478 = _ZD[b]
+        i513 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i478 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i478 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i478, pos = _rlong(buf, pos)
-    if i478 == 0:
+        i513, pos = _rlong(buf, pos)
+    if i513 == 0:
         f_lending_limit_gpus = None
-    elif i478 == 1:
+    elif i513 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1850,7 +1908,7 @@ def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i478, 2)
+        raise _union_error(i513, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1867,63 +1925,63 @@ def _d_Quota463(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i479 = _ZD[b]
+        i514 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i479 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i479 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i479, pos = _rlong(buf, pos)
-    if i479 == 0:
+        i514, pos = _rlong(buf, pos)
+    if i514 == 0:
         f_preemption = None
-    elif i479 == 1:
-        f_preemption, pos = _d_QuotaPreemption479(buf, pos, end)
+    elif i514 == 1:
+        f_preemption, pos = _d_QuotaPreemption514(buf, pos, end)
     else:
-        raise _union_error(i479, 2)
+        raise _union_error(i514, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy456(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy491(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n458 = _ZL[buf[pos]]
-    if n458 < 0:
-        n458, pos = _rlong(buf, pos)
-        if n458 < 0:
-            raise _length_error(n458, end - pos)
+    n493 = _ZL[buf[pos]]
+    if n493 < 0:
+        n493, pos = _rlong(buf, pos)
+        if n493 < 0:
+            raise _length_error(n493, end - pos)
     else:
         pos += 1
-    q459 = pos + n458
-    if q459 > end:
-        raise _length_error(n458, end - pos)
-    f_policy = buf[pos:q459].decode()
-    pos = q459
+    q494 = pos + n493
+    if q494 > end:
+        raise _length_error(n493, end - pos)
+    f_policy = buf[pos:q494].decode()
+    pos = q494
     b = buf[pos]
     if b < 128:
-        i460 = _ZD[b]
+        i495 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i460 = (z >> 1) ^ -(z & 1)
+        i495 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i460 = (z >> 1) ^ -(z & 1)
+        i495 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i460, pos = _rlong(buf, pos)
-    if i460 == 0:
+        i495, pos = _rlong(buf, pos)
+    if i495 == 0:
         f_reserve_after_ms = None
-    elif i460 == 1:
+    elif i495 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1939,56 +1997,56 @@ def _d_SetPolicy456(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i460, 2)
-    n461 = _ZL[buf[pos]]
-    if n461 < 0:
-        n461, pos = _rlong(buf, pos)
-        if n461 < 0:
-            raise _length_error(n461, end - pos)
+        raise _union_error(i495, 2)
+    n496 = _ZL[buf[pos]]
+    if n496 < 0:
+        n496, pos = _rlong(buf, pos)
+        if n496 < 0:
+            raise _length_error(n496, end - pos)
     else:
         pos += 1
-    q462 = pos + n461
-    if q462 > end:
-        raise _length_error(n461, end - pos)
-    f_queue_order = buf[pos:q462].decode()
-    pos = q462
+    q497 = pos + n496
+    if q497 > end:
+        raise _length_error(n496, end - pos)
+    f_queue_order = buf[pos:q497].decode()
+    pos = q497
     b = buf[pos]
     if b < 128:
-        i463 = _ZD[b]
+        i498 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i463 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i463 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i463, pos = _rlong(buf, pos)
-    if i463 == 0:
+        i498, pos = _rlong(buf, pos)
+    if i498 == 0:
         f_default_quota = None
-    elif i463 == 1:
-        f_default_quota, pos = _d_Quota463(buf, pos, end)
+    elif i498 == 1:
+        f_default_quota, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i463, 2)
+        raise _union_error(i498, 2)
     b = buf[pos]
     if b < 128:
-        i488 = _ZD[b]
+        i523 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i488 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i488 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i488, pos = _rlong(buf, pos)
-    if i488 == 0:
+        i523, pos = _rlong(buf, pos)
+    if i523 == 0:
         f_max_clock_jump_ms = None
-    elif i488 == 1:
+    elif i523 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -2004,12 +2062,12 @@ def _d_SetPolicy456(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i488, 2)
+        raise _union_error(i523, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember498(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember533(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -2019,18 +2077,18 @@ def _d_GangMember498(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
     f_role: Any
-    n500 = _ZL[buf[pos]]
-    if n500 < 0:
-        n500, pos = _rlong(buf, pos)
-        if n500 < 0:
-            raise _length_error(n500, end - pos)
+    n535 = _ZL[buf[pos]]
+    if n535 < 0:
+        n535, pos = _rlong(buf, pos)
+        if n535 < 0:
+            raise _length_error(n535, end - pos)
     else:
         pos += 1
-    q501 = pos + n500
-    if q501 > end:
-        raise _length_error(n500, end - pos)
-    f_pod_id = buf[pos:q501].decode()
-    pos = q501
+    q536 = pos + n535
+    if q536 > end:
+        raise _length_error(n535, end - pos)
+    f_pod_id = buf[pos:q536].decode()
+    pos = q536
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2091,204 +2149,204 @@ def _d_GangMember498(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc502: list[Any] = []
+        acc537: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c503 = _ZD[b]
+                c538 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c503 = (z >> 1) ^ -(z & 1)
+                c538 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c503 = (z >> 1) ^ -(z & 1)
+                c538 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c503, pos = _rlong(buf, pos)
-            if c503 == 0:
+                c538, pos = _rlong(buf, pos)
+            if c538 == 0:
                 break
-            if c503 < 0:
-                c503 = -c503
+            if c538 < 0:
+                c538 = -c538
                 b = buf[pos]
                 if b < 128:
-                    z506 = _ZD[b]
+                    z541 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z506 = (z >> 1) ^ -(z & 1)
+                    z541 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z506 = (z >> 1) ^ -(z & 1)
+                    z541 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z506, pos = _rlong(buf, pos)
-            if c503 * 1 > end - pos:
-                raise _count_error(c503, end - pos)
-            for _ in range(c503):
-                n507 = _ZL[buf[pos]]
-                if n507 < 0:
-                    n507, pos = _rlong(buf, pos)
-                    if n507 < 0:
-                        raise _length_error(n507, end - pos)
+                    z541, pos = _rlong(buf, pos)
+            if c538 * 1 > end - pos:
+                raise _count_error(c538, end - pos)
+            for _ in range(c538):
+                n542 = _ZL[buf[pos]]
+                if n542 < 0:
+                    n542, pos = _rlong(buf, pos)
+                    if n542 < 0:
+                        raise _length_error(n542, end - pos)
                 else:
                     pos += 1
-                q508 = pos + n507
-                if q508 > end:
-                    raise _length_error(n507, end - pos)
-                x504 = buf[pos:q508].decode()
-                pos = q508
-                acc502.append(x504)
-        f_gpu_models = tuple(acc502)
+                q543 = pos + n542
+                if q543 > end:
+                    raise _length_error(n542, end - pos)
+                x539 = buf[pos:q543].decode()
+                pos = q543
+                acc537.append(x539)
+        f_gpu_models = tuple(acc537)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc509: dict[str, Any] = {}
+        acc544: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c510 = _ZD[b]
+                c545 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c510 = (z >> 1) ^ -(z & 1)
+                c545 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c510 = (z >> 1) ^ -(z & 1)
+                c545 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c510, pos = _rlong(buf, pos)
-            if c510 == 0:
+                c545, pos = _rlong(buf, pos)
+            if c545 == 0:
                 break
-            if c510 < 0:
-                c510 = -c510
+            if c545 < 0:
+                c545 = -c545
                 b = buf[pos]
                 if b < 128:
-                    z513 = _ZD[b]
+                    z548 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z513 = (z >> 1) ^ -(z & 1)
+                    z548 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z513 = (z >> 1) ^ -(z & 1)
+                    z548 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z513, pos = _rlong(buf, pos)
-            if c510 * 2 > end - pos:
-                raise _count_error(c510, end - pos)
-            for _ in range(c510):
-                n514 = _ZL[buf[pos]]
-                if n514 < 0:
-                    n514, pos = _rlong(buf, pos)
-                    if n514 < 0:
-                        raise _length_error(n514, end - pos)
+                    z548, pos = _rlong(buf, pos)
+            if c545 * 2 > end - pos:
+                raise _count_error(c545, end - pos)
+            for _ in range(c545):
+                n549 = _ZL[buf[pos]]
+                if n549 < 0:
+                    n549, pos = _rlong(buf, pos)
+                    if n549 < 0:
+                        raise _length_error(n549, end - pos)
                 else:
                     pos += 1
-                q515 = pos + n514
-                if q515 > end:
-                    raise _length_error(n514, end - pos)
-                k512 = buf[pos:q515].decode()
-                pos = q515
-                n516 = _ZL[buf[pos]]
-                if n516 < 0:
-                    n516, pos = _rlong(buf, pos)
-                    if n516 < 0:
-                        raise _length_error(n516, end - pos)
+                q550 = pos + n549
+                if q550 > end:
+                    raise _length_error(n549, end - pos)
+                k547 = buf[pos:q550].decode()
+                pos = q550
+                n551 = _ZL[buf[pos]]
+                if n551 < 0:
+                    n551, pos = _rlong(buf, pos)
+                    if n551 < 0:
+                        raise _length_error(n551, end - pos)
                 else:
                     pos += 1
-                q517 = pos + n516
-                if q517 > end:
-                    raise _length_error(n516, end - pos)
-                x511 = buf[pos:q517].decode()
-                pos = q517
-                acc509[k512] = x511
-        f_node_selector = acc509
+                q552 = pos + n551
+                if q552 > end:
+                    raise _length_error(n551, end - pos)
+                x546 = buf[pos:q552].decode()
+                pos = q552
+                acc544[k547] = x546
+        f_node_selector = acc544
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc518: list[Any] = []
+        acc553: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c519 = _ZD[b]
+                c554 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c519 = (z >> 1) ^ -(z & 1)
+                c554 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c519 = (z >> 1) ^ -(z & 1)
+                c554 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c519, pos = _rlong(buf, pos)
-            if c519 == 0:
+                c554, pos = _rlong(buf, pos)
+            if c554 == 0:
                 break
-            if c519 < 0:
-                c519 = -c519
+            if c554 < 0:
+                c554 = -c554
                 b = buf[pos]
                 if b < 128:
-                    z522 = _ZD[b]
+                    z557 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z522 = (z >> 1) ^ -(z & 1)
+                    z557 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z522 = (z >> 1) ^ -(z & 1)
+                    z557 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z522, pos = _rlong(buf, pos)
-            if c519 * 4 > end - pos:
-                raise _count_error(c519, end - pos)
-            for _ in range(c519):
-                x520, pos = _d_Toleration428(buf, pos, end)
-                acc518.append(x520)
-        f_tolerations = tuple(acc518)
+                    z557, pos = _rlong(buf, pos)
+            if c554 * 4 > end - pos:
+                raise _count_error(c554, end - pos)
+            for _ in range(c554):
+                x555, pos = _d_Toleration463(buf, pos, end)
+                acc553.append(x555)
+        f_tolerations = tuple(acc553)
     b = buf[pos]
     if b < 128:
-        i523 = _ZD[b]
+        i558 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i523 = (z >> 1) ^ -(z & 1)
+        i558 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i523 = (z >> 1) ^ -(z & 1)
+        i558 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i523, pos = _rlong(buf, pos)
-    if i523 == 0:
+        i558, pos = _rlong(buf, pos)
+    if i558 == 0:
         f_role = None
-    elif i523 == 1:
-        n524 = _ZL[buf[pos]]
-        if n524 < 0:
-            n524, pos = _rlong(buf, pos)
-            if n524 < 0:
-                raise _length_error(n524, end - pos)
+    elif i558 == 1:
+        n559 = _ZL[buf[pos]]
+        if n559 < 0:
+            n559, pos = _rlong(buf, pos)
+            if n559 < 0:
+                raise _length_error(n559, end - pos)
         else:
             pos += 1
-        q525 = pos + n524
-        if q525 > end:
-            raise _length_error(n524, end - pos)
-        f_role = buf[pos:q525].decode()
-        pos = q525
+        q560 = pos + n559
+        if q560 > end:
+            raise _length_error(n559, end - pos)
+        f_role = buf[pos:q560].decode()
+        pos = q560
     else:
-        raise _union_error(i523, 2)
+        raise _union_error(i558, 2)
     o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_role)
     return o, pos
 
 
-def _d_SubmitGang488(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang523(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2305,30 +2363,30 @@ def _d_SubmitGang488(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_preemptible: bool
     f_disruption: str
     f_min_members_per_role: dict[str, Any]
-    n490 = _ZL[buf[pos]]
-    if n490 < 0:
-        n490, pos = _rlong(buf, pos)
-        if n490 < 0:
-            raise _length_error(n490, end - pos)
+    n525 = _ZL[buf[pos]]
+    if n525 < 0:
+        n525, pos = _rlong(buf, pos)
+        if n525 < 0:
+            raise _length_error(n525, end - pos)
     else:
         pos += 1
-    q491 = pos + n490
-    if q491 > end:
-        raise _length_error(n490, end - pos)
-    f_gang_id = buf[pos:q491].decode()
-    pos = q491
-    n492 = _ZL[buf[pos]]
-    if n492 < 0:
-        n492, pos = _rlong(buf, pos)
-        if n492 < 0:
-            raise _length_error(n492, end - pos)
+    q526 = pos + n525
+    if q526 > end:
+        raise _length_error(n525, end - pos)
+    f_gang_id = buf[pos:q526].decode()
+    pos = q526
+    n527 = _ZL[buf[pos]]
+    if n527 < 0:
+        n527, pos = _rlong(buf, pos)
+        if n527 < 0:
+            raise _length_error(n527, end - pos)
     else:
         pos += 1
-    q493 = pos + n492
-    if q493 > end:
-        raise _length_error(n492, end - pos)
-    f_tenant = buf[pos:q493].decode()
-    pos = q493
+    q528 = pos + n527
+    if q528 > end:
+        raise _length_error(n527, end - pos)
+    f_tenant = buf[pos:q528].decode()
+    pos = q528
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2347,63 +2405,63 @@ def _d_SubmitGang488(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc494: list[Any] = []
+        acc529: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c495 = _ZD[b]
+                c530 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c495 = (z >> 1) ^ -(z & 1)
+                c530 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c495 = (z >> 1) ^ -(z & 1)
+                c530 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c495, pos = _rlong(buf, pos)
-            if c495 == 0:
+                c530, pos = _rlong(buf, pos)
+            if c530 == 0:
                 break
-            if c495 < 0:
-                c495 = -c495
+            if c530 < 0:
+                c530 = -c530
                 b = buf[pos]
                 if b < 128:
-                    z498 = _ZD[b]
+                    z533 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z498 = (z >> 1) ^ -(z & 1)
+                    z533 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z498 = (z >> 1) ^ -(z & 1)
+                    z533 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z498, pos = _rlong(buf, pos)
-            if c495 * 9 > end - pos:
-                raise _count_error(c495, end - pos)
-            for _ in range(c495):
-                x496, pos = _d_GangMember498(buf, pos, end)
-                acc494.append(x496)
-        f_members = tuple(acc494)
+                    z533, pos = _rlong(buf, pos)
+            if c530 * 9 > end - pos:
+                raise _count_error(c530, end - pos)
+            for _ in range(c530):
+                x531, pos = _d_GangMember533(buf, pos, end)
+                acc529.append(x531)
+        f_members = tuple(acc529)
     b = buf[pos]
     if b < 128:
-        i526 = _ZD[b]
+        i561 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i526 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i526 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i526, pos = _rlong(buf, pos)
-    if i526 == 0:
+        i561, pos = _rlong(buf, pos)
+    if i561 == 0:
         f_min_members = None
-    elif i526 == 1:
+    elif i561 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2419,385 +2477,38 @@ def _d_SubmitGang488(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i526, 2)
+        raise _union_error(i561, 2)
     b = buf[pos]
     if b < 128:
-        i527 = _ZD[b]
+        i562 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i527 = (z >> 1) ^ -(z & 1)
+        i562 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i527 = (z >> 1) ^ -(z & 1)
+        i562 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i527, pos = _rlong(buf, pos)
-    if i527 == 0:
+        i562, pos = _rlong(buf, pos)
+    if i562 == 0:
         f_topology_required = None
-    elif i527 == 1:
-        n528 = _ZL[buf[pos]]
-        if n528 < 0:
-            n528, pos = _rlong(buf, pos)
-            if n528 < 0:
-                raise _length_error(n528, end - pos)
-        else:
-            pos += 1
-        q529 = pos + n528
-        if q529 > end:
-            raise _length_error(n528, end - pos)
-        f_topology_required = buf[pos:q529].decode()
-        pos = q529
-    else:
-        raise _union_error(i527, 2)
-    b = buf[pos]
-    if b < 128:
-        i530 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i530 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i530 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i530, pos = _rlong(buf, pos)
-    if i530 == 0:
-        f_topology_preferred = None
-    elif i530 == 1:
-        n531 = _ZL[buf[pos]]
-        if n531 < 0:
-            n531, pos = _rlong(buf, pos)
-            if n531 < 0:
-                raise _length_error(n531, end - pos)
-        else:
-            pos += 1
-        q532 = pos + n531
-        if q532 > end:
-            raise _length_error(n531, end - pos)
-        f_topology_preferred = buf[pos:q532].decode()
-        pos = q532
-    else:
-        raise _union_error(i530, 2)
-    b = buf[pos]
-    if b < 128:
-        i533 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i533 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i533 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i533, pos = _rlong(buf, pos)
-    if i533 == 0:
-        f_timeout_ms = None
-    elif i533 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i533, 2)
-    b = buf[pos]
-    if b < 128:
-        i534 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i534 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i534 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i534, pos = _rlong(buf, pos)
-    if i534 == 0:
-        f_time_limit_ms = None
-    elif i534 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i534, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc535: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c536 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c536 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c536 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c536, pos = _rlong(buf, pos)
-            if c536 == 0:
-                break
-            if c536 < 0:
-                c536 = -c536
-                b = buf[pos]
-                if b < 128:
-                    z539 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z539 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z539 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z539, pos = _rlong(buf, pos)
-            if c536 * 1 > end - pos:
-                raise _count_error(c536, end - pos)
-            for _ in range(c536):
-                n540 = _ZL[buf[pos]]
-                if n540 < 0:
-                    n540, pos = _rlong(buf, pos)
-                    if n540 < 0:
-                        raise _length_error(n540, end - pos)
-                else:
-                    pos += 1
-                q541 = pos + n540
-                if q541 > end:
-                    raise _length_error(n540, end - pos)
-                x537 = buf[pos:q541].decode()
-                pos = q541
-                acc535.append(x537)
-        f_depends_on = tuple(acc535)
-    n542 = _ZL[buf[pos]]
-    if n542 < 0:
-        n542, pos = _rlong(buf, pos)
-        if n542 < 0:
-            raise _length_error(n542, end - pos)
-    else:
-        pos += 1
-    q543 = pos + n542
-    if q543 > end:
-        raise _length_error(n542, end - pos)
-    f_dependency = buf[pos:q543].decode()
-    pos = q543
-    n544 = _ZL[buf[pos]]
-    if n544 < 0:
-        n544, pos = _rlong(buf, pos)
-        if n544 < 0:
-            raise _length_error(n544, end - pos)
-    else:
-        pos += 1
-    q545 = pos + n544
-    if q545 > end:
-        raise _length_error(n544, end - pos)
-    f_preemption = buf[pos:q545].decode()
-    pos = q545
-    b = buf[pos]
-    if b < 128:
-        i546 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i546 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i546 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i546, pos = _rlong(buf, pos)
-    if i546 == 0:
-        f_retry = None
-    elif i546 == 1:
-        f_retry, pos = _d_Retry450(buf, pos, end)
-    else:
-        raise _union_error(i546, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n547 = _ZL[buf[pos]]
-    if n547 < 0:
-        n547, pos = _rlong(buf, pos)
-        if n547 < 0:
-            raise _length_error(n547, end - pos)
-    else:
-        pos += 1
-    q548 = pos + n547
-    if q548 > end:
-        raise _length_error(n547, end - pos)
-    f_disruption = buf[pos:q548].decode()
-    pos = q548
-    if buf[pos] == 0:
-        pos += 1
-        f_min_members_per_role = {}
-    else:
-        acc549: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c550 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c550 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c550 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c550, pos = _rlong(buf, pos)
-            if c550 == 0:
-                break
-            if c550 < 0:
-                c550 = -c550
-                b = buf[pos]
-                if b < 128:
-                    z553 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z553 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z553 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z553, pos = _rlong(buf, pos)
-            if c550 * 2 > end - pos:
-                raise _count_error(c550, end - pos)
-            for _ in range(c550):
-                n554 = _ZL[buf[pos]]
-                if n554 < 0:
-                    n554, pos = _rlong(buf, pos)
-                    if n554 < 0:
-                        raise _length_error(n554, end - pos)
-                else:
-                    pos += 1
-                q555 = pos + n554
-                if q555 > end:
-                    raise _length_error(n554, end - pos)
-                k552 = buf[pos:q555].decode()
-                pos = q555
-                b = buf[pos]
-                if b < 128:
-                    x551 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x551 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x551 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x551, pos = _rlong(buf, pos)
-                acc549[k552] = x551
-        f_min_members_per_role = acc549
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption, f_min_members_per_role)
-    return o, pos
-
-
-def _d_ReleaseGang555(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n557 = _ZL[buf[pos]]
-    if n557 < 0:
-        n557, pos = _rlong(buf, pos)
-        if n557 < 0:
-            raise _length_error(n557, end - pos)
-    else:
-        pos += 1
-    q558 = pos + n557
-    if q558 > end:
-        raise _length_error(n557, end - pos)
-    f_gang_id = buf[pos:q558].decode()
-    pos = q558
-    n559 = _ZL[buf[pos]]
-    if n559 < 0:
-        n559, pos = _rlong(buf, pos)
-        if n559 < 0:
-            raise _length_error(n559, end - pos)
-    else:
-        pos += 1
-    q560 = pos + n559
-    if q560 > end:
-        raise _length_error(n559, end - pos)
-    f_reason = buf[pos:q560].decode()
-    pos = q560
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick560(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
-    n563 = _ZL[buf[pos]]
-    if n563 < 0:
-        n563, pos = _rlong(buf, pos)
+    elif i562 == 1:
+        n563 = _ZL[buf[pos]]
         if n563 < 0:
+            n563, pos = _rlong(buf, pos)
+            if n563 < 0:
+                raise _length_error(n563, end - pos)
+        else:
+            pos += 1
+        q564 = pos + n563
+        if q564 > end:
             raise _length_error(n563, end - pos)
+        f_topology_required = buf[pos:q564].decode()
+        pos = q564
     else:
-        pos += 1
-    q564 = pos + n563
-    if q564 > end:
-        raise _length_error(n563, end - pos)
-    f_tenant = buf[pos:q564].decode()
-    pos = q564
+        raise _union_error(i562, 2)
     b = buf[pos]
     if b < 128:
         i565 = _ZD[b]
@@ -2813,7 +2524,7 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     else:
         i565, pos = _rlong(buf, pos)
     if i565 == 0:
-        f_cohort = None
+        f_topology_preferred = None
     elif i565 == 1:
         n566 = _ZL[buf[pos]]
         if n566 < 0:
@@ -2825,96 +2536,443 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         q567 = pos + n566
         if q567 > end:
             raise _length_error(n566, end - pos)
-        f_cohort = buf[pos:q567].decode()
+        f_topology_preferred = buf[pos:q567].decode()
         pos = q567
     else:
         raise _union_error(i565, 2)
+    b = buf[pos]
+    if b < 128:
+        i568 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i568 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i568 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i568, pos = _rlong(buf, pos)
+    if i568 == 0:
+        f_timeout_ms = None
+    elif i568 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i568, 2)
+    b = buf[pos]
+    if b < 128:
+        i569 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i569 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i569 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i569, pos = _rlong(buf, pos)
+    if i569 == 0:
+        f_time_limit_ms = None
+    elif i569 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i569, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc570: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c571 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c571 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c571 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c571, pos = _rlong(buf, pos)
+            if c571 == 0:
+                break
+            if c571 < 0:
+                c571 = -c571
+                b = buf[pos]
+                if b < 128:
+                    z574 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z574 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z574 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z574, pos = _rlong(buf, pos)
+            if c571 * 1 > end - pos:
+                raise _count_error(c571, end - pos)
+            for _ in range(c571):
+                n575 = _ZL[buf[pos]]
+                if n575 < 0:
+                    n575, pos = _rlong(buf, pos)
+                    if n575 < 0:
+                        raise _length_error(n575, end - pos)
+                else:
+                    pos += 1
+                q576 = pos + n575
+                if q576 > end:
+                    raise _length_error(n575, end - pos)
+                x572 = buf[pos:q576].decode()
+                pos = q576
+                acc570.append(x572)
+        f_depends_on = tuple(acc570)
+    n577 = _ZL[buf[pos]]
+    if n577 < 0:
+        n577, pos = _rlong(buf, pos)
+        if n577 < 0:
+            raise _length_error(n577, end - pos)
+    else:
+        pos += 1
+    q578 = pos + n577
+    if q578 > end:
+        raise _length_error(n577, end - pos)
+    f_dependency = buf[pos:q578].decode()
+    pos = q578
+    n579 = _ZL[buf[pos]]
+    if n579 < 0:
+        n579, pos = _rlong(buf, pos)
+        if n579 < 0:
+            raise _length_error(n579, end - pos)
+    else:
+        pos += 1
+    q580 = pos + n579
+    if q580 > end:
+        raise _length_error(n579, end - pos)
+    f_preemption = buf[pos:q580].decode()
+    pos = q580
+    b = buf[pos]
+    if b < 128:
+        i581 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i581 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i581 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i581, pos = _rlong(buf, pos)
+    if i581 == 0:
+        f_retry = None
+    elif i581 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
+    else:
+        raise _union_error(i581, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n582 = _ZL[buf[pos]]
+    if n582 < 0:
+        n582, pos = _rlong(buf, pos)
+        if n582 < 0:
+            raise _length_error(n582, end - pos)
+    else:
+        pos += 1
+    q583 = pos + n582
+    if q583 > end:
+        raise _length_error(n582, end - pos)
+    f_disruption = buf[pos:q583].decode()
+    pos = q583
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc584: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c585 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c585 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c585 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c585, pos = _rlong(buf, pos)
+            if c585 == 0:
+                break
+            if c585 < 0:
+                c585 = -c585
+                b = buf[pos]
+                if b < 128:
+                    z588 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z588 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z588 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z588, pos = _rlong(buf, pos)
+            if c585 * 2 > end - pos:
+                raise _count_error(c585, end - pos)
+            for _ in range(c585):
+                n589 = _ZL[buf[pos]]
+                if n589 < 0:
+                    n589, pos = _rlong(buf, pos)
+                    if n589 < 0:
+                        raise _length_error(n589, end - pos)
+                else:
+                    pos += 1
+                q590 = pos + n589
+                if q590 > end:
+                    raise _length_error(n589, end - pos)
+                k587 = buf[pos:q590].decode()
+                pos = q590
+                b = buf[pos]
+                if b < 128:
+                    x586 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x586 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x586 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x586, pos = _rlong(buf, pos)
+                acc584[k587] = x586
+        f_min_members_per_role = acc584
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption, f_min_members_per_role)
+    return o, pos
+
+
+def _d_ReleaseGang590(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n592 = _ZL[buf[pos]]
+    if n592 < 0:
+        n592, pos = _rlong(buf, pos)
+        if n592 < 0:
+            raise _length_error(n592, end - pos)
+    else:
+        pos += 1
+    q593 = pos + n592
+    if q593 > end:
+        raise _length_error(n592, end - pos)
+    f_gang_id = buf[pos:q593].decode()
+    pos = q593
+    n594 = _ZL[buf[pos]]
+    if n594 < 0:
+        n594, pos = _rlong(buf, pos)
+        if n594 < 0:
+            raise _length_error(n594, end - pos)
+    else:
+        pos += 1
+    q595 = pos + n594
+    if q595 > end:
+        raise _length_error(n594, end - pos)
+    f_reason = buf[pos:q595].decode()
+    pos = q595
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick595(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota596(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n598 = _ZL[buf[pos]]
+    if n598 < 0:
+        n598, pos = _rlong(buf, pos)
+        if n598 < 0:
+            raise _length_error(n598, end - pos)
+    else:
+        pos += 1
+    q599 = pos + n598
+    if q599 > end:
+        raise _length_error(n598, end - pos)
+    f_tenant = buf[pos:q599].decode()
+    pos = q599
+    b = buf[pos]
+    if b < 128:
+        i600 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i600 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i600 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i600, pos = _rlong(buf, pos)
+    if i600 == 0:
+        f_cohort = None
+    elif i600 == 1:
+        n601 = _ZL[buf[pos]]
+        if n601 < 0:
+            n601, pos = _rlong(buf, pos)
+            if n601 < 0:
+                raise _length_error(n601, end - pos)
+        else:
+            pos += 1
+        q602 = pos + n601
+        if q602 > end:
+            raise _length_error(n601, end - pos)
+        f_cohort = buf[pos:q602].decode()
+        pos = q602
+    else:
+        raise _union_error(i600, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc568: dict[str, Any] = {}
+        acc603: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c569 = _ZD[b]
+                c604 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c569 = (z >> 1) ^ -(z & 1)
+                c604 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c569 = (z >> 1) ^ -(z & 1)
+                c604 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c569, pos = _rlong(buf, pos)
-            if c569 == 0:
+                c604, pos = _rlong(buf, pos)
+            if c604 == 0:
                 break
-            if c569 < 0:
-                c569 = -c569
+            if c604 < 0:
+                c604 = -c604
                 b = buf[pos]
                 if b < 128:
-                    z572 = _ZD[b]
+                    z607 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z572 = (z >> 1) ^ -(z & 1)
+                    z607 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z572 = (z >> 1) ^ -(z & 1)
+                    z607 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z572, pos = _rlong(buf, pos)
-            if c569 * 2 > end - pos:
-                raise _count_error(c569, end - pos)
-            for _ in range(c569):
-                n573 = _ZL[buf[pos]]
-                if n573 < 0:
-                    n573, pos = _rlong(buf, pos)
-                    if n573 < 0:
-                        raise _length_error(n573, end - pos)
+                    z607, pos = _rlong(buf, pos)
+            if c604 * 2 > end - pos:
+                raise _count_error(c604, end - pos)
+            for _ in range(c604):
+                n608 = _ZL[buf[pos]]
+                if n608 < 0:
+                    n608, pos = _rlong(buf, pos)
+                    if n608 < 0:
+                        raise _length_error(n608, end - pos)
                 else:
                     pos += 1
-                q574 = pos + n573
-                if q574 > end:
-                    raise _length_error(n573, end - pos)
-                k571 = buf[pos:q574].decode()
-                pos = q574
+                q609 = pos + n608
+                if q609 > end:
+                    raise _length_error(n608, end - pos)
+                k606 = buf[pos:q609].decode()
+                pos = q609
                 b = buf[pos]
                 if b < 128:
-                    x570 = _ZD[b]
+                    x605 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x570 = (z >> 1) ^ -(z & 1)
+                    x605 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x570 = (z >> 1) ^ -(z & 1)
+                    x605 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x570, pos = _rlong(buf, pos)
-                acc568[k571] = x570
-        f_nominal_gpus = acc568
+                    x605, pos = _rlong(buf, pos)
+                acc603[k606] = x605
+        f_nominal_gpus = acc603
     b = buf[pos]
     if b < 128:
-        i575 = _ZD[b]
+        i610 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i575 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i575 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i575, pos = _rlong(buf, pos)
-    if i575 == 0:
+        i610, pos = _rlong(buf, pos)
+    if i610 == 0:
         f_nominal_cpu_milli = None
-    elif i575 == 1:
+    elif i610 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2930,24 +2988,24 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i575, 2)
+        raise _union_error(i610, 2)
     b = buf[pos]
     if b < 128:
-        i576 = _ZD[b]
+        i611 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i576 = (z >> 1) ^ -(z & 1)
+        i611 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i576 = (z >> 1) ^ -(z & 1)
+        i611 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i576, pos = _rlong(buf, pos)
-    if i576 == 0:
+        i611, pos = _rlong(buf, pos)
+    if i611 == 0:
         f_nominal_memory_mib = None
-    elif i576 == 1:
+    elif i611 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2963,24 +3021,24 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i576, 2)
+        raise _union_error(i611, 2)
     b = buf[pos]
     if b < 128:
-        i577 = _ZD[b]
+        i612 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i577 = (z >> 1) ^ -(z & 1)
+        i612 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i577 = (z >> 1) ^ -(z & 1)
+        i612 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i577, pos = _rlong(buf, pos)
-    if i577 == 0:
+        i612, pos = _rlong(buf, pos)
+    if i612 == 0:
         f_borrowing_limit_gpus = None
-    elif i577 == 1:
+    elif i612 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2996,24 +3054,24 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i577, 2)
+        raise _union_error(i612, 2)
     b = buf[pos]
     if b < 128:
-        i578 = _ZD[b]
+        i613 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i578 = (z >> 1) ^ -(z & 1)
+        i613 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i578 = (z >> 1) ^ -(z & 1)
+        i613 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i578, pos = _rlong(buf, pos)
-    if i578 == 0:
+        i613, pos = _rlong(buf, pos)
+    if i613 == 0:
         f_lending_limit_gpus = None
-    elif i578 == 1:
+    elif i613 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -3029,7 +3087,7 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i578, 2)
+        raise _union_error(i613, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -3046,47 +3104,47 @@ def _d_SetQuota561(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i579 = _ZD[b]
+        i614 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i579 = (z >> 1) ^ -(z & 1)
+        i614 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i579 = (z >> 1) ^ -(z & 1)
+        i614 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i579, pos = _rlong(buf, pos)
-    if i579 == 0:
+        i614, pos = _rlong(buf, pos)
+    if i614 == 0:
         f_preemption = None
-    elif i579 == 1:
-        f_preemption, pos = _d_QuotaPreemption479(buf, pos, end)
+    elif i614 == 1:
+        f_preemption, pos = _d_QuotaPreemption514(buf, pos, end)
     else:
-        raise _union_error(i579, 2)
+        raise _union_error(i614, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota579(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota614(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n581 = _ZL[buf[pos]]
-    if n581 < 0:
-        n581, pos = _rlong(buf, pos)
-        if n581 < 0:
-            raise _length_error(n581, end - pos)
+    n616 = _ZL[buf[pos]]
+    if n616 < 0:
+        n616, pos = _rlong(buf, pos)
+        if n616 < 0:
+            raise _length_error(n616, end - pos)
     else:
         pos += 1
-    q582 = pos + n581
-    if q582 > end:
-        raise _length_error(n581, end - pos)
-    f_tenant = buf[pos:q582].decode()
-    pos = q582
+    q617 = pos + n616
+    if q617 > end:
+        raise _length_error(n616, end - pos)
+    f_tenant = buf[pos:q617].decode()
+    pos = q617
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment582(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment617(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -3105,410 +3163,410 @@ def _d_Defragment582(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i584 = _ZD[b]
+        i619 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i584 = (z >> 1) ^ -(z & 1)
+        i619 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i584 = (z >> 1) ^ -(z & 1)
+        i619 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i584, pos = _rlong(buf, pos)
-    if i584 == 0:
+        i619, pos = _rlong(buf, pos)
+    if i619 == 0:
         f_target = None
-    elif i584 == 1:
-        n585 = _ZL[buf[pos]]
-        if n585 < 0:
-            n585, pos = _rlong(buf, pos)
-            if n585 < 0:
-                raise _length_error(n585, end - pos)
+    elif i619 == 1:
+        n620 = _ZL[buf[pos]]
+        if n620 < 0:
+            n620, pos = _rlong(buf, pos)
+            if n620 < 0:
+                raise _length_error(n620, end - pos)
         else:
             pos += 1
-        q586 = pos + n585
-        if q586 > end:
-            raise _length_error(n585, end - pos)
-        f_target = buf[pos:q586].decode()
-        pos = q586
+        q621 = pos + n620
+        if q621 > end:
+            raise _length_error(n620, end - pos)
+        f_target = buf[pos:q621].decode()
+        pos = q621
     else:
-        raise _union_error(i584, 2)
+        raise _union_error(i619, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster586(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster621(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n588 = _ZL[buf[pos]]
-    if n588 < 0:
-        n588, pos = _rlong(buf, pos)
-        if n588 < 0:
-            raise _length_error(n588, end - pos)
+    n623 = _ZL[buf[pos]]
+    if n623 < 0:
+        n623, pos = _rlong(buf, pos)
+        if n623 < 0:
+            raise _length_error(n623, end - pos)
     else:
         pos += 1
-    q589 = pos + n588
-    if q589 > end:
-        raise _length_error(n588, end - pos)
-    f_reason = buf[pos:q589].decode()
-    pos = q589
+    q624 = pos + n623
+    if q624 > end:
+        raise _length_error(n623, end - pos)
+    f_reason = buf[pos:q624].decode()
+    pos = q624
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode589(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode624(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n591 = _ZL[buf[pos]]
-    if n591 < 0:
-        n591, pos = _rlong(buf, pos)
-        if n591 < 0:
-            raise _length_error(n591, end - pos)
+    n626 = _ZL[buf[pos]]
+    if n626 < 0:
+        n626, pos = _rlong(buf, pos)
+        if n626 < 0:
+            raise _length_error(n626, end - pos)
     else:
         pos += 1
-    q592 = pos + n591
-    if q592 > end:
-        raise _length_error(n591, end - pos)
-    f_node_id = buf[pos:q592].decode()
-    pos = q592
+    q627 = pos + n626
+    if q627 > end:
+        raise _length_error(n626, end - pos)
+    f_node_id = buf[pos:q627].decode()
+    pos = q627
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode592(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode627(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n594 = _ZL[buf[pos]]
-    if n594 < 0:
-        n594, pos = _rlong(buf, pos)
-        if n594 < 0:
-            raise _length_error(n594, end - pos)
+    n629 = _ZL[buf[pos]]
+    if n629 < 0:
+        n629, pos = _rlong(buf, pos)
+        if n629 < 0:
+            raise _length_error(n629, end - pos)
     else:
         pos += 1
-    q595 = pos + n594
-    if q595 > end:
-        raise _length_error(n594, end - pos)
-    f_node_id = buf[pos:q595].decode()
-    pos = q595
+    q630 = pos + n629
+    if q630 > end:
+        raise _length_error(n629, end - pos)
+    f_node_id = buf[pos:q630].decode()
+    pos = q630
     b = buf[pos]
     if b < 128:
-        i596 = _ZD[b]
+        i631 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i596 = (z >> 1) ^ -(z & 1)
+        i631 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i596 = (z >> 1) ^ -(z & 1)
+        i631 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i596, pos = _rlong(buf, pos)
-    if i596 == 0:
+        i631, pos = _rlong(buf, pos)
+    if i631 == 0:
         f_labels = None
-    elif i596 == 1:
+    elif i631 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc597: dict[str, Any] = {}
+            acc632: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c598 = _ZD[b]
+                    c633 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c598 = (z >> 1) ^ -(z & 1)
+                    c633 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c598 = (z >> 1) ^ -(z & 1)
+                    c633 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c598, pos = _rlong(buf, pos)
-                if c598 == 0:
+                    c633, pos = _rlong(buf, pos)
+                if c633 == 0:
                     break
-                if c598 < 0:
-                    c598 = -c598
+                if c633 < 0:
+                    c633 = -c633
                     b = buf[pos]
                     if b < 128:
-                        z601 = _ZD[b]
+                        z636 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z601 = (z >> 1) ^ -(z & 1)
+                        z636 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z601 = (z >> 1) ^ -(z & 1)
+                        z636 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z601, pos = _rlong(buf, pos)
-                if c598 * 2 > end - pos:
-                    raise _count_error(c598, end - pos)
-                for _ in range(c598):
-                    n602 = _ZL[buf[pos]]
-                    if n602 < 0:
-                        n602, pos = _rlong(buf, pos)
-                        if n602 < 0:
-                            raise _length_error(n602, end - pos)
+                        z636, pos = _rlong(buf, pos)
+                if c633 * 2 > end - pos:
+                    raise _count_error(c633, end - pos)
+                for _ in range(c633):
+                    n637 = _ZL[buf[pos]]
+                    if n637 < 0:
+                        n637, pos = _rlong(buf, pos)
+                        if n637 < 0:
+                            raise _length_error(n637, end - pos)
                     else:
                         pos += 1
-                    q603 = pos + n602
-                    if q603 > end:
-                        raise _length_error(n602, end - pos)
-                    k600 = buf[pos:q603].decode()
-                    pos = q603
-                    n604 = _ZL[buf[pos]]
-                    if n604 < 0:
-                        n604, pos = _rlong(buf, pos)
-                        if n604 < 0:
-                            raise _length_error(n604, end - pos)
+                    q638 = pos + n637
+                    if q638 > end:
+                        raise _length_error(n637, end - pos)
+                    k635 = buf[pos:q638].decode()
+                    pos = q638
+                    n639 = _ZL[buf[pos]]
+                    if n639 < 0:
+                        n639, pos = _rlong(buf, pos)
+                        if n639 < 0:
+                            raise _length_error(n639, end - pos)
                     else:
                         pos += 1
-                    q605 = pos + n604
-                    if q605 > end:
-                        raise _length_error(n604, end - pos)
-                    x599 = buf[pos:q605].decode()
-                    pos = q605
-                    acc597[k600] = x599
-            f_labels = acc597
+                    q640 = pos + n639
+                    if q640 > end:
+                        raise _length_error(n639, end - pos)
+                    x634 = buf[pos:q640].decode()
+                    pos = q640
+                    acc632[k635] = x634
+            f_labels = acc632
     else:
-        raise _union_error(i596, 2)
+        raise _union_error(i631, 2)
     b = buf[pos]
     if b < 128:
-        i606 = _ZD[b]
+        i641 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i606 = (z >> 1) ^ -(z & 1)
+        i641 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i606 = (z >> 1) ^ -(z & 1)
+        i641 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i606, pos = _rlong(buf, pos)
-    if i606 == 0:
+        i641, pos = _rlong(buf, pos)
+    if i641 == 0:
         f_taints = None
-    elif i606 == 1:
+    elif i641 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc607: list[Any] = []
+            acc642: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c608 = _ZD[b]
+                    c643 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c608 = (z >> 1) ^ -(z & 1)
+                    c643 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c608 = (z >> 1) ^ -(z & 1)
+                    c643 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c608, pos = _rlong(buf, pos)
-                if c608 == 0:
+                    c643, pos = _rlong(buf, pos)
+                if c643 == 0:
                     break
-                if c608 < 0:
-                    c608 = -c608
+                if c643 < 0:
+                    c643 = -c643
                     b = buf[pos]
                     if b < 128:
-                        z611 = _ZD[b]
+                        z646 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z611 = (z >> 1) ^ -(z & 1)
+                        z646 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z611 = (z >> 1) ^ -(z & 1)
+                        z646 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z611, pos = _rlong(buf, pos)
-                if c608 * 3 > end - pos:
-                    raise _count_error(c608, end - pos)
-                for _ in range(c608):
-                    x609, pos = _d_Taint378(buf, pos, end)
-                    acc607.append(x609)
-            f_taints = tuple(acc607)
+                        z646, pos = _rlong(buf, pos)
+                if c643 * 3 > end - pos:
+                    raise _count_error(c643, end - pos)
+                for _ in range(c643):
+                    x644, pos = _d_Taint413(buf, pos, end)
+                    acc642.append(x644)
+            f_taints = tuple(acc642)
     else:
-        raise _union_error(i606, 2)
+        raise _union_error(i641, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget611(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget646(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n613 = _ZL[buf[pos]]
-    if n613 < 0:
-        n613, pos = _rlong(buf, pos)
-        if n613 < 0:
-            raise _length_error(n613, end - pos)
+    n648 = _ZL[buf[pos]]
+    if n648 < 0:
+        n648, pos = _rlong(buf, pos)
+        if n648 < 0:
+            raise _length_error(n648, end - pos)
     else:
         pos += 1
-    q614 = pos + n613
-    if q614 > end:
-        raise _length_error(n613, end - pos)
-    f_budget_id = buf[pos:q614].decode()
-    pos = q614
+    q649 = pos + n648
+    if q649 > end:
+        raise _length_error(n648, end - pos)
+    f_budget_id = buf[pos:q649].decode()
+    pos = q649
     b = buf[pos]
     if b < 128:
-        i615 = _ZD[b]
+        i650 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i615 = (z >> 1) ^ -(z & 1)
+        i650 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i615 = (z >> 1) ^ -(z & 1)
+        i650 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i615, pos = _rlong(buf, pos)
-    if i615 == 0:
+        i650, pos = _rlong(buf, pos)
+    if i650 == 0:
         f_tenant = None
-    elif i615 == 1:
-        n616 = _ZL[buf[pos]]
-        if n616 < 0:
-            n616, pos = _rlong(buf, pos)
-            if n616 < 0:
-                raise _length_error(n616, end - pos)
+    elif i650 == 1:
+        n651 = _ZL[buf[pos]]
+        if n651 < 0:
+            n651, pos = _rlong(buf, pos)
+            if n651 < 0:
+                raise _length_error(n651, end - pos)
         else:
             pos += 1
-        q617 = pos + n616
-        if q617 > end:
-            raise _length_error(n616, end - pos)
-        f_tenant = buf[pos:q617].decode()
-        pos = q617
+        q652 = pos + n651
+        if q652 > end:
+            raise _length_error(n651, end - pos)
+        f_tenant = buf[pos:q652].decode()
+        pos = q652
     else:
-        raise _union_error(i615, 2)
+        raise _union_error(i650, 2)
     b = buf[pos]
     if b < 128:
-        i618 = _ZD[b]
+        i653 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i618 = (z >> 1) ^ -(z & 1)
+        i653 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i618 = (z >> 1) ^ -(z & 1)
+        i653 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i618, pos = _rlong(buf, pos)
-    if i618 == 0:
+        i653, pos = _rlong(buf, pos)
+    if i653 == 0:
         f_gang_id = None
-    elif i618 == 1:
-        n619 = _ZL[buf[pos]]
-        if n619 < 0:
-            n619, pos = _rlong(buf, pos)
-            if n619 < 0:
-                raise _length_error(n619, end - pos)
+    elif i653 == 1:
+        n654 = _ZL[buf[pos]]
+        if n654 < 0:
+            n654, pos = _rlong(buf, pos)
+            if n654 < 0:
+                raise _length_error(n654, end - pos)
         else:
             pos += 1
-        q620 = pos + n619
-        if q620 > end:
-            raise _length_error(n619, end - pos)
-        f_gang_id = buf[pos:q620].decode()
-        pos = q620
+        q655 = pos + n654
+        if q655 > end:
+            raise _length_error(n654, end - pos)
+        f_gang_id = buf[pos:q655].decode()
+        pos = q655
     else:
-        raise _union_error(i618, 2)
+        raise _union_error(i653, 2)
     b = buf[pos]
     if b < 128:
-        i621 = _ZD[b]
+        i656 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i621 = (z >> 1) ^ -(z & 1)
+        i656 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i621 = (z >> 1) ^ -(z & 1)
+        i656 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i621, pos = _rlong(buf, pos)
-    if i621 == 0:
+        i656, pos = _rlong(buf, pos)
+    if i656 == 0:
         f_label_selector = None
-    elif i621 == 1:
+    elif i656 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc622: dict[str, Any] = {}
+            acc657: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c623 = _ZD[b]
+                    c658 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c623 = (z >> 1) ^ -(z & 1)
+                    c658 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c623 = (z >> 1) ^ -(z & 1)
+                    c658 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c623, pos = _rlong(buf, pos)
-                if c623 == 0:
+                    c658, pos = _rlong(buf, pos)
+                if c658 == 0:
                     break
-                if c623 < 0:
-                    c623 = -c623
+                if c658 < 0:
+                    c658 = -c658
                     b = buf[pos]
                     if b < 128:
-                        z626 = _ZD[b]
+                        z661 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z626 = (z >> 1) ^ -(z & 1)
+                        z661 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z626 = (z >> 1) ^ -(z & 1)
+                        z661 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z626, pos = _rlong(buf, pos)
-                if c623 * 2 > end - pos:
-                    raise _count_error(c623, end - pos)
-                for _ in range(c623):
-                    n627 = _ZL[buf[pos]]
-                    if n627 < 0:
-                        n627, pos = _rlong(buf, pos)
-                        if n627 < 0:
-                            raise _length_error(n627, end - pos)
+                        z661, pos = _rlong(buf, pos)
+                if c658 * 2 > end - pos:
+                    raise _count_error(c658, end - pos)
+                for _ in range(c658):
+                    n662 = _ZL[buf[pos]]
+                    if n662 < 0:
+                        n662, pos = _rlong(buf, pos)
+                        if n662 < 0:
+                            raise _length_error(n662, end - pos)
                     else:
                         pos += 1
-                    q628 = pos + n627
-                    if q628 > end:
-                        raise _length_error(n627, end - pos)
-                    k625 = buf[pos:q628].decode()
-                    pos = q628
-                    n629 = _ZL[buf[pos]]
-                    if n629 < 0:
-                        n629, pos = _rlong(buf, pos)
-                        if n629 < 0:
-                            raise _length_error(n629, end - pos)
+                    q663 = pos + n662
+                    if q663 > end:
+                        raise _length_error(n662, end - pos)
+                    k660 = buf[pos:q663].decode()
+                    pos = q663
+                    n664 = _ZL[buf[pos]]
+                    if n664 < 0:
+                        n664, pos = _rlong(buf, pos)
+                        if n664 < 0:
+                            raise _length_error(n664, end - pos)
                     else:
                         pos += 1
-                    q630 = pos + n629
-                    if q630 > end:
-                        raise _length_error(n629, end - pos)
-                    x624 = buf[pos:q630].decode()
-                    pos = q630
-                    acc622[k625] = x624
-            f_label_selector = acc622
+                    q665 = pos + n664
+                    if q665 > end:
+                        raise _length_error(n664, end - pos)
+                    x659 = buf[pos:q665].decode()
+                    pos = q665
+                    acc657[k660] = x659
+            f_label_selector = acc657
     else:
-        raise _union_error(i621, 2)
+        raise _union_error(i656, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3527,21 +3585,295 @@ def _d_SetDisruptionBudget611(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget630(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget665(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n632 = _ZL[buf[pos]]
-    if n632 < 0:
-        n632, pos = _rlong(buf, pos)
-        if n632 < 0:
-            raise _length_error(n632, end - pos)
+    n667 = _ZL[buf[pos]]
+    if n667 < 0:
+        n667, pos = _rlong(buf, pos)
+        if n667 < 0:
+            raise _length_error(n667, end - pos)
     else:
         pos += 1
-    q633 = pos + n632
-    if q633 > end:
-        raise _length_error(n632, end - pos)
-    f_budget_id = buf[pos:q633].decode()
-    pos = q633
+    q668 = pos + n667
+    if q668 > end:
+        raise _length_error(n667, end - pos)
+    f_budget_id = buf[pos:q668].decode()
+    pos = q668
     o = _c_RemoveDisruptionBudget(f_budget_id)
+    return o, pos
+
+
+def _d_SetCohort668(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
+    f_cohort: str
+    f_parent: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    n670 = _ZL[buf[pos]]
+    if n670 < 0:
+        n670, pos = _rlong(buf, pos)
+        if n670 < 0:
+            raise _length_error(n670, end - pos)
+    else:
+        pos += 1
+    q671 = pos + n670
+    if q671 > end:
+        raise _length_error(n670, end - pos)
+    f_cohort = buf[pos:q671].decode()
+    pos = q671
+    b = buf[pos]
+    if b < 128:
+        i672 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i672 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i672 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i672, pos = _rlong(buf, pos)
+    if i672 == 0:
+        f_parent = None
+    elif i672 == 1:
+        n673 = _ZL[buf[pos]]
+        if n673 < 0:
+            n673, pos = _rlong(buf, pos)
+            if n673 < 0:
+                raise _length_error(n673, end - pos)
+        else:
+            pos += 1
+        q674 = pos + n673
+        if q674 > end:
+            raise _length_error(n673, end - pos)
+        f_parent = buf[pos:q674].decode()
+        pos = q674
+    else:
+        raise _union_error(i672, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc675: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c676 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c676 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c676 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c676, pos = _rlong(buf, pos)
+            if c676 == 0:
+                break
+            if c676 < 0:
+                c676 = -c676
+                b = buf[pos]
+                if b < 128:
+                    z679 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z679 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z679 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z679, pos = _rlong(buf, pos)
+            if c676 * 2 > end - pos:
+                raise _count_error(c676, end - pos)
+            for _ in range(c676):
+                n680 = _ZL[buf[pos]]
+                if n680 < 0:
+                    n680, pos = _rlong(buf, pos)
+                    if n680 < 0:
+                        raise _length_error(n680, end - pos)
+                else:
+                    pos += 1
+                q681 = pos + n680
+                if q681 > end:
+                    raise _length_error(n680, end - pos)
+                k678 = buf[pos:q681].decode()
+                pos = q681
+                b = buf[pos]
+                if b < 128:
+                    x677 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x677 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x677 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x677, pos = _rlong(buf, pos)
+                acc675[k678] = x677
+        f_nominal_gpus = acc675
+    b = buf[pos]
+    if b < 128:
+        i682 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i682 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i682 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i682, pos = _rlong(buf, pos)
+    if i682 == 0:
+        f_nominal_cpu_milli = None
+    elif i682 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i682, 2)
+    b = buf[pos]
+    if b < 128:
+        i683 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i683 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i683 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i683, pos = _rlong(buf, pos)
+    if i683 == 0:
+        f_nominal_memory_mib = None
+    elif i683 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i683, 2)
+    b = buf[pos]
+    if b < 128:
+        i684 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i684 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i684 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i684, pos = _rlong(buf, pos)
+    if i684 == 0:
+        f_borrowing_limit_gpus = None
+    elif i684 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i684, 2)
+    b = buf[pos]
+    if b < 128:
+        i685 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i685 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i685 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i685, pos = _rlong(buf, pos)
+    if i685 == 0:
+        f_lending_limit_gpus = None
+    elif i685 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_lending_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_lending_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i685, 2)
+    o = _c_SetCohort(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
+    return o, pos
+
+
+def _d_RemoveCohort685(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveCohort, int]:
+    f_cohort: str
+    n687 = _ZL[buf[pos]]
+    if n687 < 0:
+        n687, pos = _rlong(buf, pos)
+        if n687 < 0:
+            raise _length_error(n687, end - pos)
+    else:
+        pos += 1
+    q688 = pos + n687
+    if q688 > end:
+        raise _length_error(n687, end - pos)
+    f_cohort = buf[pos:q688].decode()
+    pos = q688
+    o = _c_RemoveCohort(f_cohort)
     return o, pos
 
 
@@ -3550,7 +3882,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k351:
+    if frame[:10] != _k386:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3561,30 +3893,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n353 = _ZL[buf[pos]]
-        if n353 < 0:
-            n353, pos = _rlong(buf, pos)
-            if n353 < 0:
-                raise _length_error(n353, end - pos)
+        n388 = _ZL[buf[pos]]
+        if n388 < 0:
+            n388, pos = _rlong(buf, pos)
+            if n388 < 0:
+                raise _length_error(n388, end - pos)
         else:
             pos += 1
-        q354 = pos + n353
-        if q354 > end:
-            raise _length_error(n353, end - pos)
-        f_command_id = buf[pos:q354].decode()
-        pos = q354
-        n355 = _ZL[buf[pos]]
-        if n355 < 0:
-            n355, pos = _rlong(buf, pos)
-            if n355 < 0:
-                raise _length_error(n355, end - pos)
+        q389 = pos + n388
+        if q389 > end:
+            raise _length_error(n388, end - pos)
+        f_command_id = buf[pos:q389].decode()
+        pos = q389
+        n390 = _ZL[buf[pos]]
+        if n390 < 0:
+            n390, pos = _rlong(buf, pos)
+            if n390 < 0:
+                raise _length_error(n390, end - pos)
         else:
             pos += 1
-        q356 = pos + n355
-        if q356 > end:
-            raise _length_error(n355, end - pos)
-        f_cluster = buf[pos:q356].decode()
-        pos = q356
+        q391 = pos + n390
+        if q391 > end:
+            raise _length_error(n390, end - pos)
+        f_cluster = buf[pos:q391].decode()
+        pos = q391
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3599,35 +3931,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n357 = _ZL[buf[pos]]
-        if n357 < 0:
-            n357, pos = _rlong(buf, pos)
-            if n357 < 0:
-                raise _length_error(n357, end - pos)
+        n392 = _ZL[buf[pos]]
+        if n392 < 0:
+            n392, pos = _rlong(buf, pos)
+            if n392 < 0:
+                raise _length_error(n392, end - pos)
         else:
             pos += 1
-        q358 = pos + n357
-        if q358 > end:
-            raise _length_error(n357, end - pos)
-        f_source = buf[pos:q358].decode()
-        pos = q358
+        q393 = pos + n392
+        if q393 > end:
+            raise _length_error(n392, end - pos)
+        f_source = buf[pos:q393].decode()
+        pos = q393
         b = buf[pos]
         if b < 128:
-            i359 = _ZD[b]
+            i394 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i359 = (z >> 1) ^ -(z & 1)
+            i394 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i359 = (z >> 1) ^ -(z & 1)
+            i394 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i359, pos = _rlong(buf, pos)
-        if not 0 <= i359 < 20:
-            raise _union_error(i359, 20)
-        f_payload, pos = _k633[i359](buf, pos, end)
+            i394, pos = _rlong(buf, pos)
+        if not 0 <= i394 < 22:
+            raise _union_error(i394, 22)
+        f_payload, pos = _k688[i394](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3638,164 +3970,136 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded645(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k646, (_P[n649] if (n649 := len(s648 := o.node_id.encode())) < 8192 else _long(n649)), s648, (_P[n651] if (n651 := len(s650 := o.gpu_model.encode())) < 8192 else _long(n651)), s650, (_P[n652] if 0 <= (n652 := o.gpu_count) < 8192 else _long(n652)), (_P[n653] if 0 <= (n653 := o.cpu_milli) < 8192 else _long(n653)), (_P[n654] if 0 <= (n654 := o.memory_mib) < 8192 else _long(n654)), (_b21(a655) if (a655 := o.labels) else b"\x00"), (_b27(a656) if (a656 := o.taints) else b"\x00"), (_P[n657] if 0 <= (n657 := o.gpu_memory_mib) < 8192 else _long(n657)),))
+def _e_NodeAdded700(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k701, (_P[n704] if (n704 := len(s703 := o.node_id.encode())) < 8192 else _long(n704)), s703, (_P[n706] if (n706 := len(s705 := o.gpu_model.encode())) < 8192 else _long(n706)), s705, (_P[n707] if 0 <= (n707 := o.gpu_count) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := o.cpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := o.memory_mib) < 8192 else _long(n709)), (_b21(a710) if (a710 := o.labels) else b"\x00"), (_b27(a711) if (a711 := o.taints) else b"\x00"), (_P[n712] if 0 <= (n712 := o.gpu_memory_mib) < 8192 else _long(n712)),))
 
 
-def _e_NodeRemoved657(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k658, (_P[n661] if (n661 := len(s660 := o.node_id.encode())) < 8192 else _long(n661)), s660, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved712(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k713, (_P[n716] if (n716 := len(s715 := o.node_id.encode())) < 8192 else _long(n716)), s715, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned661(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k662, (_P[n665] if (n665 := len(s664 := o.node_id.encode())) < 8192 else _long(n665)), s664,))
+def _e_NodeCordoned716(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := o.node_id.encode())) < 8192 else _long(n720)), s719,))
 
 
-def _e_NodeUncordoned665(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k666, (_P[n669] if (n669 := len(s668 := o.node_id.encode())) < 8192 else _long(n669)), s668,))
+def _e_NodeUncordoned720(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.node_id.encode())) < 8192 else _long(n724)), s723,))
 
 
-def _e_NodeDrained669(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k670, (_P[n673] if (n673 := len(s672 := o.node_id.encode())) < 8192 else _long(n673)), s672, (_P[n674] if 0 <= (n674 := o.evicted) < 8192 else _long(n674)),))
+def _e_NodeDrained724(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := o.node_id.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := o.evicted) < 8192 else _long(n729)),))
 
 
-def _e_NodeFailed674(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k675, (_P[n678] if (n678 := len(s677 := o.node_id.encode())) < 8192 else _long(n678)), s677, (_P[n680] if (n680 := len(s679 := o.reason.encode())) < 8192 else _long(n680)), s679, (_P[n681] if 0 <= (n681 := o.evicted) < 8192 else _long(n681)),))
+def _e_NodeFailed729(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k730, (_P[n733] if (n733 := len(s732 := o.node_id.encode())) < 8192 else _long(n733)), s732, (_P[n735] if (n735 := len(s734 := o.reason.encode())) < 8192 else _long(n735)), s734, (_P[n736] if 0 <= (n736 := o.evicted) < 8192 else _long(n736)),))
 
 
-def _u700(v: Any) -> bytes:
-    return b"".join((_k700, (_P[n703] if (n703 := len(s702 := v.encode())) < 8192 else _long(n703)), s702,))
+def _u755(v: Any) -> bytes:
+    return b"".join((_k755, (_P[n758] if (n758 := len(s757 := v.encode())) < 8192 else _long(n758)), s757,))
 
 
-def _u706(v: Any) -> bytes:
-    return b"".join((_k706, (_P[n708] if 0 <= (n708 := v) < 8192 else _long(n708)),))
+def _u761(v: Any) -> bytes:
+    return b"".join((_k761, (_P[n763] if 0 <= (n763 := v) < 8192 else _long(n763)),))
 
 
-def _u720(v: Any) -> bytes:
-    return b"".join((_k720, (_P[n723] if (n723 := len(s722 := v.encode())) < 8192 else _long(n723)), s722,))
+def _u775(v: Any) -> bytes:
+    return b"".join((_k775, (_P[n778] if (n778 := len(s777 := v.encode())) < 8192 else _long(n778)), s777,))
 
 
-def _b726(a: Any) -> bytes:
+def _b781(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n729] if (n729 := len(s728 := x.code.encode())) < 8192 else _long(n729)), s728, (_P[n730] if 0 <= (n730 := x.nodes) < 8192 else _long(n730)), (_P[n732] if (n732 := len(s731 := x.message.encode())) < 8192 else _long(n732)), s731,)
+        out += ((_P[n784] if (n784 := len(s783 := x.code.encode())) < 8192 else _long(n784)), s783, (_P[n785] if 0 <= (n785 := x.nodes) < 8192 else _long(n785)), (_P[n787] if (n787 := len(s786 := x.message.encode())) < 8192 else _long(n787)), s786,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued681(o: _c_PodQueued) -> bytes:
-    return b"".join((_k682, (_P[n686] if (n686 := len(s685 := (r684 := o.pod).pod_id.encode())) < 8192 else _long(n686)), s685, (_P[n688] if (n688 := len(s687 := r684.tenant.encode())) < 8192 else _long(n688)), s687, (_P[n689] if 0 <= (n689 := r684.priority) < 8192 else _long(n689)), (_P[n690] if 0 <= (n690 := r684.num_gpu) < 8192 else _long(n690)), (_P[n691] if 0 <= (n691 := r684.gpu_milli) < 8192 else _long(n691)), (_P[n692] if 0 <= (n692 := r684.cpu_milli) < 8192 else _long(n692)), (_P[n693] if 0 <= (n693 := r684.memory_mib) < 8192 else _long(n693)), (_b71(a694) if (a694 := r684.gpu_models) else b"\x00"), (_b21(a695) if (a695 := r684.node_selector) else b"\x00"), (_b76(a696) if (a696 := r684.tolerations) else b"\x00"), (_P[n697] if 0 <= (n697 := r684.submitted_at) < 8192 else _long(n697)), (_P[n698] if 0 <= (n698 := r684.arrival) < 8192 else _long(n698)), (_k703 if (u699 := r684.gang_id) is None else _u700(u699)), (_k708 if (u705 := r684.time_limit_ms) is None else _u706(u705)), (_b71(a710) if (a710 := r684.depends_on) else b"\x00"), (_P[n712] if (n712 := len(s711 := r684.dependency.encode())) < 8192 else _long(n712)), s711, (_P[n714] if (n714 := len(s713 := r684.preemption.encode())) < 8192 else _long(n714)), s713, (b"\x01" if r684.movable else b"\x00"), (_P[n715] if 0 <= (n715 := r684.gpu_memory_mib) < 8192 else _long(n715)), (_k717 if (u716 := r684.retry) is None else _k716[type(u716)](u716)), (b"\x01" if r684.preemptible else b"\x00"), (_k723 if (u719 := r684.role) is None else _u720(u719)), (_b726(a725) if (a725 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a733) if (a733 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued736(o: _c_PodQueued) -> bytes:
+    return b"".join((_k737, (_P[n741] if (n741 := len(s740 := (r739 := o.pod).pod_id.encode())) < 8192 else _long(n741)), s740, (_P[n743] if (n743 := len(s742 := r739.tenant.encode())) < 8192 else _long(n743)), s742, (_P[n744] if 0 <= (n744 := r739.priority) < 8192 else _long(n744)), (_P[n745] if 0 <= (n745 := r739.num_gpu) < 8192 else _long(n745)), (_P[n746] if 0 <= (n746 := r739.gpu_milli) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := r739.cpu_milli) < 8192 else _long(n747)), (_P[n748] if 0 <= (n748 := r739.memory_mib) < 8192 else _long(n748)), (_b71(a749) if (a749 := r739.gpu_models) else b"\x00"), (_b21(a750) if (a750 := r739.node_selector) else b"\x00"), (_b76(a751) if (a751 := r739.tolerations) else b"\x00"), (_P[n752] if 0 <= (n752 := r739.submitted_at) < 8192 else _long(n752)), (_P[n753] if 0 <= (n753 := r739.arrival) < 8192 else _long(n753)), (_k758 if (u754 := r739.gang_id) is None else _u755(u754)), (_k763 if (u760 := r739.time_limit_ms) is None else _u761(u760)), (_b71(a765) if (a765 := r739.depends_on) else b"\x00"), (_P[n767] if (n767 := len(s766 := r739.dependency.encode())) < 8192 else _long(n767)), s766, (_P[n769] if (n769 := len(s768 := r739.preemption.encode())) < 8192 else _long(n769)), s768, (b"\x01" if r739.movable else b"\x00"), (_P[n770] if 0 <= (n770 := r739.gpu_memory_mib) < 8192 else _long(n770)), (_k772 if (u771 := r739.retry) is None else _k771[type(u771)](u771)), (b"\x01" if r739.preemptible else b"\x00"), (_k778 if (u774 := r739.role) is None else _u775(u774)), (_b781(a780) if (a780 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a788) if (a788 := o.waiting_for) else b"\x00"),))
 
 
-def _u752(v: Any) -> bytes:
-    return b"".join((_k752, (_P[n755] if (n755 := len(s754 := v.encode())) < 8192 else _long(n755)), s754,))
+def _u807(v: Any) -> bytes:
+    return b"".join((_k807, (_P[n810] if (n810 := len(s809 := v.encode())) < 8192 else _long(n810)), s809,))
 
 
-def _u758(v: Any) -> bytes:
-    return b"".join((_k758, (_P[n760] if 0 <= (n760 := v) < 8192 else _long(n760)),))
+def _u813(v: Any) -> bytes:
+    return b"".join((_k813, (_P[n815] if 0 <= (n815 := v) < 8192 else _long(n815)),))
 
 
-def _u772(v: Any) -> bytes:
-    return b"".join((_k772, (_P[n775] if (n775 := len(s774 := v.encode())) < 8192 else _long(n775)), s774,))
+def _u827(v: Any) -> bytes:
+    return b"".join((_k827, (_P[n830] if (n830 := len(s829 := v.encode())) < 8192 else _long(n830)), s829,))
 
 
-def _b780(a: Any) -> bytes:
+def _b835(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n782] if 0 <= (n782 := x.index) < 8192 else _long(n782)), (_P[n783] if 0 <= (n783 := x.milli) < 8192 else _long(n783)),)
+        out += ((_P[n837] if 0 <= (n837 := x.index) < 8192 else _long(n837)), (_P[n838] if 0 <= (n838 := x.milli) < 8192 else _long(n838)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b787(a: Any) -> bytes:
+def _b842(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n789] if (n789 := len(s788 := k.encode())) < 8192 else _long(n789)), s788, _pack_d(x),)
+        out += ((_P[n844] if (n844 := len(s843 := k.encode())) < 8192 else _long(n844)), s843, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled733(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k734, (_P[n738] if (n738 := len(s737 := (r736 := o.pod).pod_id.encode())) < 8192 else _long(n738)), s737, (_P[n740] if (n740 := len(s739 := r736.tenant.encode())) < 8192 else _long(n740)), s739, (_P[n741] if 0 <= (n741 := r736.priority) < 8192 else _long(n741)), (_P[n742] if 0 <= (n742 := r736.num_gpu) < 8192 else _long(n742)), (_P[n743] if 0 <= (n743 := r736.gpu_milli) < 8192 else _long(n743)), (_P[n744] if 0 <= (n744 := r736.cpu_milli) < 8192 else _long(n744)), (_P[n745] if 0 <= (n745 := r736.memory_mib) < 8192 else _long(n745)), (_b71(a746) if (a746 := r736.gpu_models) else b"\x00"), (_b21(a747) if (a747 := r736.node_selector) else b"\x00"), (_b76(a748) if (a748 := r736.tolerations) else b"\x00"), (_P[n749] if 0 <= (n749 := r736.submitted_at) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := r736.arrival) < 8192 else _long(n750)), (_k755 if (u751 := r736.gang_id) is None else _u752(u751)), (_k760 if (u757 := r736.time_limit_ms) is None else _u758(u757)), (_b71(a762) if (a762 := r736.depends_on) else b"\x00"), (_P[n764] if (n764 := len(s763 := r736.dependency.encode())) < 8192 else _long(n764)), s763, (_P[n766] if (n766 := len(s765 := r736.preemption.encode())) < 8192 else _long(n766)), s765, (b"\x01" if r736.movable else b"\x00"), (_P[n767] if 0 <= (n767 := r736.gpu_memory_mib) < 8192 else _long(n767)), (_k769 if (u768 := r736.retry) is None else _k768[type(u768)](u768)), (b"\x01" if r736.preemptible else b"\x00"), (_k775 if (u771 := r736.role) is None else _u772(u771)), (_P[n778] if (n778 := len(s777 := o.node_id.encode())) < 8192 else _long(n778)), s777, (_b780(a779) if (a779 := o.gpus) else b"\x00"), (_P[n785] if (n785 := len(s784 := o.policy.encode())) < 8192 else _long(n785)), s784, (b"\x01" if o.from_queue else b"\x00"), (_b787(a786) if (a786 := o.scores) else b"\x00"), (_b71(a790) if (a790 := o.preempted) else b"\x00"),))
+def _e_PodScheduled788(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k789, (_P[n793] if (n793 := len(s792 := (r791 := o.pod).pod_id.encode())) < 8192 else _long(n793)), s792, (_P[n795] if (n795 := len(s794 := r791.tenant.encode())) < 8192 else _long(n795)), s794, (_P[n796] if 0 <= (n796 := r791.priority) < 8192 else _long(n796)), (_P[n797] if 0 <= (n797 := r791.num_gpu) < 8192 else _long(n797)), (_P[n798] if 0 <= (n798 := r791.gpu_milli) < 8192 else _long(n798)), (_P[n799] if 0 <= (n799 := r791.cpu_milli) < 8192 else _long(n799)), (_P[n800] if 0 <= (n800 := r791.memory_mib) < 8192 else _long(n800)), (_b71(a801) if (a801 := r791.gpu_models) else b"\x00"), (_b21(a802) if (a802 := r791.node_selector) else b"\x00"), (_b76(a803) if (a803 := r791.tolerations) else b"\x00"), (_P[n804] if 0 <= (n804 := r791.submitted_at) < 8192 else _long(n804)), (_P[n805] if 0 <= (n805 := r791.arrival) < 8192 else _long(n805)), (_k810 if (u806 := r791.gang_id) is None else _u807(u806)), (_k815 if (u812 := r791.time_limit_ms) is None else _u813(u812)), (_b71(a817) if (a817 := r791.depends_on) else b"\x00"), (_P[n819] if (n819 := len(s818 := r791.dependency.encode())) < 8192 else _long(n819)), s818, (_P[n821] if (n821 := len(s820 := r791.preemption.encode())) < 8192 else _long(n821)), s820, (b"\x01" if r791.movable else b"\x00"), (_P[n822] if 0 <= (n822 := r791.gpu_memory_mib) < 8192 else _long(n822)), (_k824 if (u823 := r791.retry) is None else _k823[type(u823)](u823)), (b"\x01" if r791.preemptible else b"\x00"), (_k830 if (u826 := r791.role) is None else _u827(u826)), (_P[n833] if (n833 := len(s832 := o.node_id.encode())) < 8192 else _long(n833)), s832, (_b835(a834) if (a834 := o.gpus) else b"\x00"), (_P[n840] if (n840 := len(s839 := o.policy.encode())) < 8192 else _long(n840)), s839, (b"\x01" if o.from_queue else b"\x00"), (_b842(a841) if (a841 := o.scores) else b"\x00"), (_b71(a845) if (a845 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted790(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k791, (_P[n794] if (n794 := len(s793 := o.pod_id.encode())) < 8192 else _long(n794)), s793, (_P[n796] if (n796 := len(s795 := o.node_id.encode())) < 8192 else _long(n796)), s795, (_P[n798] if (n798 := len(s797 := o.reason.encode())) < 8192 else _long(n798)), s797,))
+def _e_PodEvicted845(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k846, (_P[n849] if (n849 := len(s848 := o.pod_id.encode())) < 8192 else _long(n849)), s848, (_P[n851] if (n851 := len(s850 := o.node_id.encode())) < 8192 else _long(n851)), s850, (_P[n853] if (n853 := len(s852 := o.reason.encode())) < 8192 else _long(n853)), s852,))
 
 
-def _u804(v: Any) -> bytes:
-    return b"".join((_k804, (_P[n807] if (n807 := len(s806 := v.encode())) < 8192 else _long(n807)), s806,))
+def _u859(v: Any) -> bytes:
+    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
 
 
-def _e_PodReleased798(o: _c_PodReleased) -> bytes:
-    return b"".join((_k799, (_P[n802] if (n802 := len(s801 := o.pod_id.encode())) < 8192 else _long(n802)), s801, (_k807 if (u803 := o.node_id) is None else _u804(u803)), (_P[n810] if (n810 := len(s809 := o.reason.encode())) < 8192 else _long(n810)), s809,))
+def _e_PodReleased853(o: _c_PodReleased) -> bytes:
+    return b"".join((_k854, (_P[n857] if (n857 := len(s856 := o.pod_id.encode())) < 8192 else _long(n857)), s856, (_k862 if (u858 := o.node_id) is None else _u859(u858)), (_P[n865] if (n865 := len(s864 := o.reason.encode())) < 8192 else _long(n865)), s864,))
 
 
-def _u818(v: Any) -> bytes:
-    return b"".join((_k818, (_P[n820] if 0 <= (n820 := v) < 8192 else _long(n820)),))
+def _u873(v: Any) -> bytes:
+    return b"".join((_k873, (_P[n875] if 0 <= (n875 := v) < 8192 else _long(n875)),))
 
 
-def _u825(v: Any) -> bytes:
-    return b"".join((_k825, (_P[n827] if 0 <= (n827 := v) < 8192 else _long(n827)),))
+def _u880(v: Any) -> bytes:
+    return b"".join((_k880, (_P[n882] if 0 <= (n882 := v) < 8192 else _long(n882)),))
 
 
-def _e_PolicyChanged810(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k811, (_P[n814] if (n814 := len(s813 := o.policy.encode())) < 8192 else _long(n814)), s813, (_P[n816] if (n816 := len(s815 := o.previous.encode())) < 8192 else _long(n816)), s815, (_k820 if (u817 := o.reserve_after_ms) is None else _u818(u817)), (_P[n823] if (n823 := len(s822 := o.queue_order.encode())) < 8192 else _long(n823)), s822, (_k827 if (u824 := o.max_clock_jump_ms) is None else _u825(u824)),))
+def _e_PolicyChanged865(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k866, (_P[n869] if (n869 := len(s868 := o.policy.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := o.previous.encode())) < 8192 else _long(n871)), s870, (_k875 if (u872 := o.reserve_after_ms) is None else _u873(u872)), (_P[n878] if (n878 := len(s877 := o.queue_order.encode())) < 8192 else _long(n878)), s877, (_k882 if (u879 := o.max_clock_jump_ms) is None else _u880(u879)),))
 
 
-def _e_CommandRejected828(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k829, (_P[n832] if (n832 := len(s831 := o.command_id.encode())) < 8192 else _long(n832)), s831, (_P[n834] if (n834 := len(s833 := o.command_type.encode())) < 8192 else _long(n834)), s833, (_P[n836] if (n836 := len(s835 := o.code.encode())) < 8192 else _long(n836)), s835, (_P[n838] if (n838 := len(s837 := o.message.encode())) < 8192 else _long(n838)), s837,))
+def _e_CommandRejected883(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.command_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.command_type.encode())) < 8192 else _long(n889)), s888, (_P[n891] if (n891 := len(s890 := o.code.encode())) < 8192 else _long(n891)), s890, (_P[n893] if (n893 := len(s892 := o.message.encode())) < 8192 else _long(n893)), s892,))
 
 
-def _u868(v: Any) -> bytes:
-    return b"".join((_k868, (_P[n871] if (n871 := len(s870 := v.encode())) < 8192 else _long(n871)), s870,))
+def _u923(v: Any) -> bytes:
+    return b"".join((_k923, (_P[n926] if (n926 := len(s925 := v.encode())) < 8192 else _long(n926)), s925,))
 
 
-def _u874(v: Any) -> bytes:
-    return b"".join((_k874, (_P[n876] if 0 <= (n876 := v) < 8192 else _long(n876)),))
+def _u929(v: Any) -> bytes:
+    return b"".join((_k929, (_P[n931] if 0 <= (n931 := v) < 8192 else _long(n931)),))
 
 
-def _u888(v: Any) -> bytes:
-    return b"".join((_k888, (_P[n891] if (n891 := len(s890 := v.encode())) < 8192 else _long(n891)), s890,))
+def _u943(v: Any) -> bytes:
+    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
 
 
-def _b851(a: Any) -> bytes:
+def _b906(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n854] if (n854 := len(s853 := x.pod_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := x.tenant.encode())) < 8192 else _long(n856)), s855, (_P[n857] if 0 <= (n857 := x.priority) < 8192 else _long(n857)), (_P[n858] if 0 <= (n858 := x.num_gpu) < 8192 else _long(n858)), (_P[n859] if 0 <= (n859 := x.gpu_milli) < 8192 else _long(n859)), (_P[n860] if 0 <= (n860 := x.cpu_milli) < 8192 else _long(n860)), (_P[n861] if 0 <= (n861 := x.memory_mib) < 8192 else _long(n861)), (_b71(a862) if (a862 := x.gpu_models) else b"\x00"), (_b21(a863) if (a863 := x.node_selector) else b"\x00"), (_b76(a864) if (a864 := x.tolerations) else b"\x00"), (_P[n865] if 0 <= (n865 := x.submitted_at) < 8192 else _long(n865)), (_P[n866] if 0 <= (n866 := x.arrival) < 8192 else _long(n866)), (_k871 if (u867 := x.gang_id) is None else _u868(u867)), (_k876 if (u873 := x.time_limit_ms) is None else _u874(u873)), (_b71(a878) if (a878 := x.depends_on) else b"\x00"), (_P[n880] if (n880 := len(s879 := x.dependency.encode())) < 8192 else _long(n880)), s879, (_P[n882] if (n882 := len(s881 := x.preemption.encode())) < 8192 else _long(n882)), s881, (b"\x01" if x.movable else b"\x00"), (_P[n883] if 0 <= (n883 := x.gpu_memory_mib) < 8192 else _long(n883)), (_k885 if (u884 := x.retry) is None else _k884[type(u884)](u884)), (b"\x01" if x.preemptible else b"\x00"), (_k891 if (u887 := x.role) is None else _u888(u887)),)
+        out += ((_P[n909] if (n909 := len(s908 := x.pod_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := x.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := x.priority) < 8192 else _long(n912)), (_P[n913] if 0 <= (n913 := x.num_gpu) < 8192 else _long(n913)), (_P[n914] if 0 <= (n914 := x.gpu_milli) < 8192 else _long(n914)), (_P[n915] if 0 <= (n915 := x.cpu_milli) < 8192 else _long(n915)), (_P[n916] if 0 <= (n916 := x.memory_mib) < 8192 else _long(n916)), (_b71(a917) if (a917 := x.gpu_models) else b"\x00"), (_b21(a918) if (a918 := x.node_selector) else b"\x00"), (_b76(a919) if (a919 := x.tolerations) else b"\x00"), (_P[n920] if 0 <= (n920 := x.submitted_at) < 8192 else _long(n920)), (_P[n921] if 0 <= (n921 := x.arrival) < 8192 else _long(n921)), (_k926 if (u922 := x.gang_id) is None else _u923(u922)), (_k931 if (u928 := x.time_limit_ms) is None else _u929(u928)), (_b71(a933) if (a933 := x.depends_on) else b"\x00"), (_P[n935] if (n935 := len(s934 := x.dependency.encode())) < 8192 else _long(n935)), s934, (_P[n937] if (n937 := len(s936 := x.preemption.encode())) < 8192 else _long(n937)), s936, (b"\x01" if x.movable else b"\x00"), (_P[n938] if 0 <= (n938 := x.gpu_memory_mib) < 8192 else _long(n938)), (_k940 if (u939 := x.retry) is None else _k939[type(u939)](u939)), (b"\x01" if x.preemptible else b"\x00"), (_k946 if (u942 := x.role) is None else _u943(u942)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u895(v: Any) -> bytes:
-    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := v.encode())) < 8192 else _long(n898)), s897,))
-
-
-def _u901(v: Any) -> bytes:
-    return b"".join((_k901, (_P[n904] if (n904 := len(s903 := v.encode())) < 8192 else _long(n904)), s903,))
-
-
-def _u907(v: Any) -> bytes:
-    return b"".join((_k907, (_P[n909] if 0 <= (n909 := v) < 8192 else _long(n909)),))
-
-
-def _u912(v: Any) -> bytes:
-    return b"".join((_k912, (_P[n914] if 0 <= (n914 := v) < 8192 else _long(n914)),))
-
-
-def _u927(v: Any) -> bytes:
-    return b"".join((_k927, (_P[n929] if 0 <= (n929 := v) < 8192 else _long(n929)),))
-
-
-def _e_GangQueued838(o: _c_GangQueued) -> bytes:
-    return b"".join((_k839, (_P[n842] if (n842 := len(s841 := o.gang_id.encode())) < 8192 else _long(n842)), s841, (_b726(a843) if (a843 := o.reasons) else b"\x00"), (_P[n846] if (n846 := len(s845 := (r844 := o.gang).gang_id.encode())) < 8192 else _long(n846)), s845, (_P[n848] if (n848 := len(s847 := r844.tenant.encode())) < 8192 else _long(n848)), s847, (_P[n849] if 0 <= (n849 := r844.priority) < 8192 else _long(n849)), (_b851(a850) if (a850 := r844.members) else b"\x00"), (_P[n893] if 0 <= (n893 := r844.min_members) < 8192 else _long(n893)), (_k898 if (u894 := r844.topology_required) is None else _u895(u894)), (_k904 if (u900 := r844.topology_preferred) is None else _u901(u900)), (_k909 if (u906 := r844.timeout_ms) is None else _u907(u906)), (_k914 if (u911 := r844.time_limit_ms) is None else _u912(u911)), (_b71(a916) if (a916 := r844.depends_on) else b"\x00"), (_P[n918] if (n918 := len(s917 := r844.dependency.encode())) < 8192 else _long(n918)), s917, (_P[n919] if 0 <= (n919 := r844.submitted_at) < 8192 else _long(n919)), (_P[n920] if 0 <= (n920 := r844.arrival) < 8192 else _long(n920)), (_P[n922] if (n922 := len(s921 := r844.preemption.encode())) < 8192 else _long(n922)), s921, (_k924 if (u923 := r844.retry) is None else _k923[type(u923)](u923)), (_k929 if (u926 := r844.queued_at) is None else _u927(u926)), (b"\x01" if r844.preemptible else b"\x00"), (_P[n932] if (n932 := len(s931 := r844.disruption.encode())) < 8192 else _long(n932)), s931, (_b243(a933) if (a933 := r844.min_members_per_role) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a934) if (a934 := o.waiting_for) else b"\x00"),))
-
-
-def _b940(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n943] if (n943 := len(s942 := x.pod_id.encode())) < 8192 else _long(n943)), s942, (_P[n945] if (n945 := len(s944 := x.node_id.encode())) < 8192 else _long(n945)), s944, (_b780(a946) if (a946 := x.gpus) else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
+def _u950(v: Any) -> bytes:
+    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
 
 
 def _u956(v: Any) -> bytes:
@@ -3803,150 +4107,206 @@ def _u956(v: Any) -> bytes:
 
 
 def _u962(v: Any) -> bytes:
-    return b"".join((_k962, (_P[n965] if (n965 := len(s964 := v.encode())) < 8192 else _long(n965)), s964,))
+    return b"".join((_k962, (_P[n964] if 0 <= (n964 := v) < 8192 else _long(n964)),))
 
 
-def _u968(v: Any) -> bytes:
-    return b"".join((_k968, (_P[n970] if 0 <= (n970 := v) < 8192 else _long(n970)),))
+def _u967(v: Any) -> bytes:
+    return b"".join((_k967, (_P[n969] if 0 <= (n969 := v) < 8192 else _long(n969)),))
 
 
-def _u973(v: Any) -> bytes:
-    return b"".join((_k973, (_P[n975] if 0 <= (n975 := v) < 8192 else _long(n975)),))
+def _u982(v: Any) -> bytes:
+    return b"".join((_k982, (_P[n984] if 0 <= (n984 := v) < 8192 else _long(n984)),))
 
 
-def _u988(v: Any) -> bytes:
-    return b"".join((_k988, (_P[n990] if 0 <= (n990 := v) < 8192 else _long(n990)),))
+def _e_GangQueued893(o: _c_GangQueued) -> bytes:
+    return b"".join((_k894, (_P[n897] if (n897 := len(s896 := o.gang_id.encode())) < 8192 else _long(n897)), s896, (_b781(a898) if (a898 := o.reasons) else b"\x00"), (_P[n901] if (n901 := len(s900 := (r899 := o.gang).gang_id.encode())) < 8192 else _long(n901)), s900, (_P[n903] if (n903 := len(s902 := r899.tenant.encode())) < 8192 else _long(n903)), s902, (_P[n904] if 0 <= (n904 := r899.priority) < 8192 else _long(n904)), (_b906(a905) if (a905 := r899.members) else b"\x00"), (_P[n948] if 0 <= (n948 := r899.min_members) < 8192 else _long(n948)), (_k953 if (u949 := r899.topology_required) is None else _u950(u949)), (_k959 if (u955 := r899.topology_preferred) is None else _u956(u955)), (_k964 if (u961 := r899.timeout_ms) is None else _u962(u961)), (_k969 if (u966 := r899.time_limit_ms) is None else _u967(u966)), (_b71(a971) if (a971 := r899.depends_on) else b"\x00"), (_P[n973] if (n973 := len(s972 := r899.dependency.encode())) < 8192 else _long(n973)), s972, (_P[n974] if 0 <= (n974 := r899.submitted_at) < 8192 else _long(n974)), (_P[n975] if 0 <= (n975 := r899.arrival) < 8192 else _long(n975)), (_P[n977] if (n977 := len(s976 := r899.preemption.encode())) < 8192 else _long(n977)), s976, (_k979 if (u978 := r899.retry) is None else _k978[type(u978)](u978)), (_k984 if (u981 := r899.queued_at) is None else _u982(u981)), (b"\x01" if r899.preemptible else b"\x00"), (_P[n987] if (n987 := len(s986 := r899.disruption.encode())) < 8192 else _long(n987)), s986, (_b243(a988) if (a988 := r899.min_members_per_role) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a989) if (a989 := o.waiting_for) else b"\x00"),))
 
 
-def _u996(v: Any) -> bytes:
-    return b"".join((_k996, (_P[n999] if (n999 := len(s998 := v.encode())) < 8192 else _long(n999)), s998,))
+def _b995(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n998] if (n998 := len(s997 := x.pod_id.encode())) < 8192 else _long(n998)), s997, (_P[n1000] if (n1000 := len(s999 := x.node_id.encode())) < 8192 else _long(n1000)), s999, (_b835(a1001) if (a1001 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
-def _u1002(v: Any) -> bytes:
-    return b"".join((_k1002, (_P[n1005] if (n1005 := len(s1004 := v.encode())) < 8192 else _long(n1005)), s1004,))
+def _u1011(v: Any) -> bytes:
+    return b"".join((_k1011, (_P[n1014] if (n1014 := len(s1013 := v.encode())) < 8192 else _long(n1014)), s1013,))
 
 
-def _e_GangScheduled934(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k935, (_P[n938] if (n938 := len(s937 := o.gang_id.encode())) < 8192 else _long(n938)), s937, (_b940(a939) if (a939 := o.members) else b"\x00"), (_P[n949] if (n949 := len(s948 := (r947 := o.gang).gang_id.encode())) < 8192 else _long(n949)), s948, (_P[n951] if (n951 := len(s950 := r947.tenant.encode())) < 8192 else _long(n951)), s950, (_P[n952] if 0 <= (n952 := r947.priority) < 8192 else _long(n952)), (_b851(a953) if (a953 := r947.members) else b"\x00"), (_P[n954] if 0 <= (n954 := r947.min_members) < 8192 else _long(n954)), (_k959 if (u955 := r947.topology_required) is None else _u956(u955)), (_k965 if (u961 := r947.topology_preferred) is None else _u962(u961)), (_k970 if (u967 := r947.timeout_ms) is None else _u968(u967)), (_k975 if (u972 := r947.time_limit_ms) is None else _u973(u972)), (_b71(a977) if (a977 := r947.depends_on) else b"\x00"), (_P[n979] if (n979 := len(s978 := r947.dependency.encode())) < 8192 else _long(n979)), s978, (_P[n980] if 0 <= (n980 := r947.submitted_at) < 8192 else _long(n980)), (_P[n981] if 0 <= (n981 := r947.arrival) < 8192 else _long(n981)), (_P[n983] if (n983 := len(s982 := r947.preemption.encode())) < 8192 else _long(n983)), s982, (_k985 if (u984 := r947.retry) is None else _k984[type(u984)](u984)), (_k990 if (u987 := r947.queued_at) is None else _u988(u987)), (b"\x01" if r947.preemptible else b"\x00"), (_P[n993] if (n993 := len(s992 := r947.disruption.encode())) < 8192 else _long(n993)), s992, (_b243(a994) if (a994 := r947.min_members_per_role) else b"\x00"), (_k999 if (u995 := o.topology_key) is None else _u996(u995)), (_k1005 if (u1001 := o.domain) is None else _u1002(u1001)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1008] if (n1008 := len(s1007 := o.message.encode())) < 8192 else _long(n1008)), s1007, (_b71(a1009) if (a1009 := o.preempted) else b"\x00"),))
+def _u1017(v: Any) -> bytes:
+    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := v.encode())) < 8192 else _long(n1020)), s1019,))
 
 
-def _e_GangTimedOut1009(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := o.gang_id.encode())) < 8192 else _long(n1013)), s1012, (_P[n1014] if 0 <= (n1014 := o.waited_ms) < 8192 else _long(n1014)), (_P[n1016] if (n1016 := len(s1015 := o.message.encode())) < 8192 else _long(n1016)), s1015,))
+def _u1023(v: Any) -> bytes:
+    return b"".join((_k1023, (_P[n1025] if 0 <= (n1025 := v) < 8192 else _long(n1025)),))
 
 
-def _e_GangReleased1016(o: _c_GangReleased) -> bytes:
-    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := o.gang_id.encode())) < 8192 else _long(n1020)), s1019, (_P[n1022] if (n1022 := len(s1021 := o.reason.encode())) < 8192 else _long(n1022)), s1021, (b"\x01" if o.ok else b"\x00"), (_b71(a1023) if (a1023 := o.members_ended) else b"\x00"),))
+def _u1028(v: Any) -> bytes:
+    return b"".join((_k1028, (_P[n1030] if 0 <= (n1030 := v) < 8192 else _long(n1030)),))
 
 
-def _u1032(v: Any) -> bytes:
-    return b"".join((_k1032, (_P[n1035] if (n1035 := len(s1034 := v.encode())) < 8192 else _long(n1035)), s1034,))
+def _u1043(v: Any) -> bytes:
+    return b"".join((_k1043, (_P[n1045] if 0 <= (n1045 := v) < 8192 else _long(n1045)),))
 
 
-def _e_PodTimeLimitReached1023(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := o.pod_id.encode())) < 8192 else _long(n1027)), s1026, (_P[n1029] if (n1029 := len(s1028 := o.node_id.encode())) < 8192 else _long(n1029)), s1028, (_P[n1030] if 0 <= (n1030 := o.time_limit_ms) < 8192 else _long(n1030)), (_k1035 if (u1031 := o.gang_id) is None else _u1032(u1031)),))
+def _u1051(v: Any) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := v.encode())) < 8192 else _long(n1054)), s1053,))
 
 
-def _u1045(v: Any) -> bytes:
-    return b"".join((_k1045, (_P[n1047] if 0 <= (n1047 := v) < 8192 else _long(n1047)),))
+def _u1057(v: Any) -> bytes:
+    return b"".join((_k1057, (_P[n1060] if (n1060 := len(s1059 := v.encode())) < 8192 else _long(n1060)), s1059,))
 
 
-def _e_NodesReserved1036(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k1037, (_P[n1040] if (n1040 := len(s1039 := o.holder_id.encode())) < 8192 else _long(n1040)), s1039, (_P[n1042] if (n1042 := len(s1041 := o.holder_kind.encode())) < 8192 else _long(n1042)), s1041, (_b71(a1043) if (a1043 := o.nodes) else b"\x00"), (_k1047 if (u1044 := o.expected_start) is None else _u1045(u1044)), (_P[n1050] if (n1050 := len(s1049 := o.message.encode())) < 8192 else _long(n1050)), s1049,))
+def _e_GangScheduled989(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k990, (_P[n993] if (n993 := len(s992 := o.gang_id.encode())) < 8192 else _long(n993)), s992, (_b995(a994) if (a994 := o.members) else b"\x00"), (_P[n1004] if (n1004 := len(s1003 := (r1002 := o.gang).gang_id.encode())) < 8192 else _long(n1004)), s1003, (_P[n1006] if (n1006 := len(s1005 := r1002.tenant.encode())) < 8192 else _long(n1006)), s1005, (_P[n1007] if 0 <= (n1007 := r1002.priority) < 8192 else _long(n1007)), (_b906(a1008) if (a1008 := r1002.members) else b"\x00"), (_P[n1009] if 0 <= (n1009 := r1002.min_members) < 8192 else _long(n1009)), (_k1014 if (u1010 := r1002.topology_required) is None else _u1011(u1010)), (_k1020 if (u1016 := r1002.topology_preferred) is None else _u1017(u1016)), (_k1025 if (u1022 := r1002.timeout_ms) is None else _u1023(u1022)), (_k1030 if (u1027 := r1002.time_limit_ms) is None else _u1028(u1027)), (_b71(a1032) if (a1032 := r1002.depends_on) else b"\x00"), (_P[n1034] if (n1034 := len(s1033 := r1002.dependency.encode())) < 8192 else _long(n1034)), s1033, (_P[n1035] if 0 <= (n1035 := r1002.submitted_at) < 8192 else _long(n1035)), (_P[n1036] if 0 <= (n1036 := r1002.arrival) < 8192 else _long(n1036)), (_P[n1038] if (n1038 := len(s1037 := r1002.preemption.encode())) < 8192 else _long(n1038)), s1037, (_k1040 if (u1039 := r1002.retry) is None else _k1039[type(u1039)](u1039)), (_k1045 if (u1042 := r1002.queued_at) is None else _u1043(u1042)), (b"\x01" if r1002.preemptible else b"\x00"), (_P[n1048] if (n1048 := len(s1047 := r1002.disruption.encode())) < 8192 else _long(n1048)), s1047, (_b243(a1049) if (a1049 := r1002.min_members_per_role) else b"\x00"), (_k1054 if (u1050 := o.topology_key) is None else _u1051(u1050)), (_k1060 if (u1056 := o.domain) is None else _u1057(u1056)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1063] if (n1063 := len(s1062 := o.message.encode())) < 8192 else _long(n1063)), s1062, (_b71(a1064) if (a1064 := o.preempted) else b"\x00"),))
 
 
-def _e_ReservationReleased1050(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.holder_id.encode())) < 8192 else _long(n1054)), s1053, (_P[n1056] if (n1056 := len(s1055 := o.holder_kind.encode())) < 8192 else _long(n1056)), s1055, (_b71(a1057) if (a1057 := o.nodes) else b"\x00"), (_P[n1059] if (n1059 := len(s1058 := o.reason.encode())) < 8192 else _long(n1059)), s1058, (_P[n1061] if (n1061 := len(s1060 := o.message.encode())) < 8192 else _long(n1061)), s1060,))
+def _e_GangTimedOut1064(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.gang_id.encode())) < 8192 else _long(n1068)), s1067, (_P[n1069] if 0 <= (n1069 := o.waited_ms) < 8192 else _long(n1069)), (_P[n1071] if (n1071 := len(s1070 := o.message.encode())) < 8192 else _long(n1071)), s1070,))
 
 
-def _e_DependencyFailed1061(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.holder_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.holder_kind.encode())) < 8192 else _long(n1067)), s1066, (_P[n1069] if (n1069 := len(s1068 := o.dependency_id.encode())) < 8192 else _long(n1069)), s1068, (_P[n1071] if (n1071 := len(s1070 := o.message.encode())) < 8192 else _long(n1071)), s1070,))
+def _e_GangReleased1071(o: _c_GangReleased) -> bytes:
+    return b"".join((_k1072, (_P[n1075] if (n1075 := len(s1074 := o.gang_id.encode())) < 8192 else _long(n1075)), s1074, (_P[n1077] if (n1077 := len(s1076 := o.reason.encode())) < 8192 else _long(n1077)), s1076, (b"\x01" if o.ok else b"\x00"), (_b71(a1078) if (a1078 := o.members_ended) else b"\x00"),))
 
 
-def _e_Ticked1071(o: _c_Ticked) -> bytes:
-    return b"".join((_k1072, (_P[n1074] if 0 <= (n1074 := o.clock) < 8192 else _long(n1074)), (b"\x01" if o.partition else b"\x00"),))
+def _u1087(v: Any) -> bytes:
+    return b"".join((_k1087, (_P[n1090] if (n1090 := len(s1089 := v.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _e_PodPreempted1074(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1075, (_P[n1078] if (n1078 := len(s1077 := o.pod_id.encode())) < 8192 else _long(n1078)), s1077, (_P[n1080] if (n1080 := len(s1079 := o.node_id.encode())) < 8192 else _long(n1080)), s1079, (_P[n1082] if (n1082 := len(s1081 := o.by.encode())) < 8192 else _long(n1082)), s1081, (_P[n1084] if (n1084 := len(s1083 := o.reason.encode())) < 8192 else _long(n1084)), s1083, (_P[n1086] if (n1086 := len(s1085 := o.message.encode())) < 8192 else _long(n1086)), s1085,))
+def _e_PodTimeLimitReached1078(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := o.pod_id.encode())) < 8192 else _long(n1082)), s1081, (_P[n1084] if (n1084 := len(s1083 := o.node_id.encode())) < 8192 else _long(n1084)), s1083, (_P[n1085] if 0 <= (n1085 := o.time_limit_ms) < 8192 else _long(n1085)), (_k1090 if (u1086 := o.gang_id) is None else _u1087(u1086)),))
 
 
-def _u1090(v: Any) -> bytes:
-    return b"".join((_k1090, (_P[n1093] if (n1093 := len(s1092 := v.encode())) < 8192 else _long(n1093)), s1092,))
+def _u1100(v: Any) -> bytes:
+    return b"".join((_k1100, (_P[n1102] if 0 <= (n1102 := v) < 8192 else _long(n1102)),))
 
 
-def _e_QuotaChanged1086(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1087, (_k1093 if (u1089 := o.tenant) is None else _u1090(u1089)), (_k1096 if (u1095 := o.quota) is None else _k1095[type(u1095)](u1095)), (_k1099 if (u1098 := o.previous) is None else _k1098[type(u1098)](u1098)), (_P[n1102] if (n1102 := len(s1101 := o.message.encode())) < 8192 else _long(n1102)), s1101,))
+def _e_NodesReserved1091(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k1092, (_P[n1095] if (n1095 := len(s1094 := o.holder_id.encode())) < 8192 else _long(n1095)), s1094, (_P[n1097] if (n1097 := len(s1096 := o.holder_kind.encode())) < 8192 else _long(n1097)), s1096, (_b71(a1098) if (a1098 := o.nodes) else b"\x00"), (_k1102 if (u1099 := o.expected_start) is None else _u1100(u1099)), (_P[n1105] if (n1105 := len(s1104 := o.message.encode())) < 8192 else _long(n1105)), s1104,))
 
 
-def _e_PodMigrated1102(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1103, (_P[n1106] if (n1106 := len(s1105 := o.pod_id.encode())) < 8192 else _long(n1106)), s1105, (_P[n1108] if (n1108 := len(s1107 := o.from_node.encode())) < 8192 else _long(n1108)), s1107, (_b780(a1109) if (a1109 := o.from_gpus) else b"\x00"), (_P[n1111] if (n1111 := len(s1110 := o.to_node.encode())) < 8192 else _long(n1111)), s1110, (_b780(a1112) if (a1112 := o.to_gpus) else b"\x00"), (_P[n1114] if (n1114 := len(s1113 := o.reason.encode())) < 8192 else _long(n1114)), s1113, (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
+def _e_ReservationReleased1105(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1106, (_P[n1109] if (n1109 := len(s1108 := o.holder_id.encode())) < 8192 else _long(n1109)), s1108, (_P[n1111] if (n1111 := len(s1110 := o.holder_kind.encode())) < 8192 else _long(n1111)), s1110, (_b71(a1112) if (a1112 := o.nodes) else b"\x00"), (_P[n1114] if (n1114 := len(s1113 := o.reason.encode())) < 8192 else _long(n1114)), s1113, (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
 
 
-def _u1123(v: Any) -> bytes:
-    return b"".join((_k1123, (_P[n1126] if (n1126 := len(s1125 := v.encode())) < 8192 else _long(n1126)), s1125,))
+def _e_DependencyFailed1116(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1117, (_P[n1120] if (n1120 := len(s1119 := o.holder_id.encode())) < 8192 else _long(n1120)), s1119, (_P[n1122] if (n1122 := len(s1121 := o.holder_kind.encode())) < 8192 else _long(n1122)), s1121, (_P[n1124] if (n1124 := len(s1123 := o.dependency_id.encode())) < 8192 else _long(n1124)), s1123, (_P[n1126] if (n1126 := len(s1125 := o.message.encode())) < 8192 else _long(n1126)), s1125,))
 
 
-def _e_DefragmentationPlanned1116(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1117, (_P[n1119] if 0 <= (n1119 := o.moves) < 8192 else _long(n1119)), (_P[n1120] if 0 <= (n1120 := o.gpus_freed) < 8192 else _long(n1120)), (_P[n1121] if 0 <= (n1121 := o.nodes_freed) < 8192 else _long(n1121)), (_k1126 if (u1122 := o.target) is None else _u1123(u1122)), (_P[n1129] if (n1129 := len(s1128 := o.message.encode())) < 8192 else _long(n1129)), s1128,))
+def _e_Ticked1126(o: _c_Ticked) -> bytes:
+    return b"".join((_k1127, (_P[n1129] if 0 <= (n1129 := o.clock) < 8192 else _long(n1129)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_ClusterHalted1129(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.cluster.encode())) < 8192 else _long(n1133)), s1132, (_P[n1135] if (n1135 := len(s1134 := o.command_id.encode())) < 8192 else _long(n1135)), s1134, (_P[n1137] if (n1137 := len(s1136 := o.error.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.message.encode())) < 8192 else _long(n1139)), s1138,))
+def _e_PodPreempted1129(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.pod_id.encode())) < 8192 else _long(n1133)), s1132, (_P[n1135] if (n1135 := len(s1134 := o.node_id.encode())) < 8192 else _long(n1135)), s1134, (_P[n1137] if (n1137 := len(s1136 := o.by.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.reason.encode())) < 8192 else _long(n1139)), s1138, (_P[n1141] if (n1141 := len(s1140 := o.message.encode())) < 8192 else _long(n1141)), s1140,))
 
 
-def _e_ClusterResumed1139(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1140, (_P[n1143] if (n1143 := len(s1142 := o.cluster.encode())) < 8192 else _long(n1143)), s1142, (_P[n1145] if (n1145 := len(s1144 := o.halted_command_id.encode())) < 8192 else _long(n1145)), s1144, (_P[n1146] if 0 <= (n1146 := o.halted_offset) < 8192 else _long(n1146)), (_P[n1147] if 0 <= (n1147 := o.refolded_from) < 8192 else _long(n1147)), (_P[n1149] if (n1149 := len(s1148 := o.message.encode())) < 8192 else _long(n1149)), s1148,))
+def _u1145(v: Any) -> bytes:
+    return b"".join((_k1145, (_P[n1148] if (n1148 := len(s1147 := v.encode())) < 8192 else _long(n1148)), s1147,))
 
 
-def _e_NodeRecovered1149(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1150, (_P[n1153] if (n1153 := len(s1152 := o.node_id.encode())) < 8192 else _long(n1153)), s1152,))
+def _e_QuotaChanged1141(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1142, (_k1148 if (u1144 := o.tenant) is None else _u1145(u1144)), (_k1151 if (u1150 := o.quota) is None else _k1150[type(u1150)](u1150)), (_k1154 if (u1153 := o.previous) is None else _k1153[type(u1153)](u1153)), (_P[n1157] if (n1157 := len(s1156 := o.message.encode())) < 8192 else _long(n1157)), s1156,))
 
 
-def _e_NodeUpdated1153(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.node_id.encode())) < 8192 else _long(n1157)), s1156, (_b21(a1158) if (a1158 := o.labels) else b"\x00"), (_b27(a1159) if (a1159 := o.taints) else b"\x00"), (_P[n1160] if 0 <= (n1160 := o.evicting) < 8192 else _long(n1160)),))
-
-
-def _u1168(v: Any) -> bytes:
-    return b"".join((_k1168, (_P[n1171] if (n1171 := len(s1170 := v.encode())) < 8192 else _long(n1171)), s1170,))
-
-
-def _e_PodRetryScheduled1160(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1161, (_P[n1164] if (n1164 := len(s1163 := o.pod_id.encode())) < 8192 else _long(n1164)), s1163, (_P[n1165] if 0 <= (n1165 := o.attempt) < 8192 else _long(n1165)), (_P[n1166] if 0 <= (n1166 := o.not_before) < 8192 else _long(n1166)), (_k1171 if (u1167 := o.gang_id) is None else _u1168(u1167)),))
+def _e_PodMigrated1157(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.from_node.encode())) < 8192 else _long(n1163)), s1162, (_b835(a1164) if (a1164 := o.from_gpus) else b"\x00"), (_P[n1166] if (n1166 := len(s1165 := o.to_node.encode())) < 8192 else _long(n1166)), s1165, (_b835(a1167) if (a1167 := o.to_gpus) else b"\x00"), (_P[n1169] if (n1169 := len(s1168 := o.reason.encode())) < 8192 else _long(n1169)), s1168, (_P[n1171] if (n1171 := len(s1170 := o.message.encode())) < 8192 else _long(n1171)), s1170,))
 
 
 def _u1178(v: Any) -> bytes:
     return b"".join((_k1178, (_P[n1181] if (n1181 := len(s1180 := v.encode())) < 8192 else _long(n1181)), s1180,))
 
 
-def _u1184(v: Any) -> bytes:
-    return b"".join((_k1184, (_P[n1187] if (n1187 := len(s1186 := v.encode())) < 8192 else _long(n1187)), s1186,))
+def _e_DefragmentationPlanned1171(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1172, (_P[n1174] if 0 <= (n1174 := o.moves) < 8192 else _long(n1174)), (_P[n1175] if 0 <= (n1175 := o.gpus_freed) < 8192 else _long(n1175)), (_P[n1176] if 0 <= (n1176 := o.nodes_freed) < 8192 else _long(n1176)), (_k1181 if (u1177 := o.target) is None else _u1178(u1177)), (_P[n1184] if (n1184 := len(s1183 := o.message.encode())) < 8192 else _long(n1184)), s1183,))
 
 
-def _u1190(v: Any) -> bytes:
-    return b"".join((_k1190, (_b21(a1192) if (a1192 := v) else b"\x00"),))
+def _e_ClusterHalted1184(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1185, (_P[n1188] if (n1188 := len(s1187 := o.cluster.encode())) < 8192 else _long(n1188)), s1187, (_P[n1190] if (n1190 := len(s1189 := o.command_id.encode())) < 8192 else _long(n1190)), s1189, (_P[n1192] if (n1192 := len(s1191 := o.error.encode())) < 8192 else _long(n1192)), s1191, (_P[n1194] if (n1194 := len(s1193 := o.message.encode())) < 8192 else _long(n1194)), s1193,))
 
 
-def _e_DisruptionBudgetSet1172(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1173, (_P[n1176] if (n1176 := len(s1175 := o.budget_id.encode())) < 8192 else _long(n1176)), s1175, (_k1181 if (u1177 := o.tenant) is None else _u1178(u1177)), (_k1187 if (u1183 := o.gang_id) is None else _u1184(u1183)), (_k1192 if (u1189 := o.label_selector) is None else _u1190(u1189)), (_P[n1194] if 0 <= (n1194 := o.max_unavailable) < 8192 else _long(n1194)),))
+def _e_ClusterResumed1194(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1195, (_P[n1198] if (n1198 := len(s1197 := o.cluster.encode())) < 8192 else _long(n1198)), s1197, (_P[n1200] if (n1200 := len(s1199 := o.halted_command_id.encode())) < 8192 else _long(n1200)), s1199, (_P[n1201] if 0 <= (n1201 := o.halted_offset) < 8192 else _long(n1201)), (_P[n1202] if 0 <= (n1202 := o.refolded_from) < 8192 else _long(n1202)), (_P[n1204] if (n1204 := len(s1203 := o.message.encode())) < 8192 else _long(n1204)), s1203,))
 
 
-def _e_DisruptionBudgetRemoved1194(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1195, (_P[n1198] if (n1198 := len(s1197 := o.budget_id.encode())) < 8192 else _long(n1198)), s1197,))
+def _e_NodeRecovered1204(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1205, (_P[n1208] if (n1208 := len(s1207 := o.node_id.encode())) < 8192 else _long(n1208)), s1207,))
 
 
-def _e_EvictionBlocked1198(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1199, (_P[n1202] if (n1202 := len(s1201 := o.pod_id.encode())) < 8192 else _long(n1202)), s1201, (_P[n1204] if (n1204 := len(s1203 := o.node_id.encode())) < 8192 else _long(n1204)), s1203, (_P[n1206] if (n1206 := len(s1205 := o.budget_id.encode())) < 8192 else _long(n1206)), s1205, (_P[n1207] if 0 <= (n1207 := o.grace_ms) < 8192 else _long(n1207)), (_P[n1209] if (n1209 := len(s1208 := o.reason.encode())) < 8192 else _long(n1209)), s1208,))
+def _e_NodeUpdated1208(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1209, (_P[n1212] if (n1212 := len(s1211 := o.node_id.encode())) < 8192 else _long(n1212)), s1211, (_b21(a1213) if (a1213 := o.labels) else b"\x00"), (_b27(a1214) if (a1214 := o.taints) else b"\x00"), (_P[n1215] if 0 <= (n1215 := o.evicting) < 8192 else _long(n1215)),))
 
 
-def _e_PodEvictionScheduled1209(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1210, (_P[n1213] if (n1213 := len(s1212 := o.pod_id.encode())) < 8192 else _long(n1213)), s1212, (_P[n1215] if (n1215 := len(s1214 := o.node_id.encode())) < 8192 else _long(n1215)), s1214, (_P[n1216] if 0 <= (n1216 := o.at) < 8192 else _long(n1216)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _u1223(v: Any) -> bytes:
+    return b"".join((_k1223, (_P[n1226] if (n1226 := len(s1225 := v.encode())) < 8192 else _long(n1226)), s1225,))
 
 
-def _e_Event634(o: _c_Event) -> bytes:
-    return b"".join((_k635, (_P[n637] if 0 <= (n637 := o.partition) < 8192 else _long(n637)), (_P[n638] if 0 <= (n638 := o.sequence) < 8192 else _long(n638)), (_P[n640] if (n640 := len(s639 := o.cluster.encode())) < 8192 else _long(n640)), s639, (_P[n642] if (n642 := len(s641 := o.command_id.encode())) < 8192 else _long(n642)), s641, (_P[n643] if 0 <= (n643 := o.command_offset) < 8192 else _long(n643)), (_P[n644] if 0 <= (n644 := o.occurred_at) < 8192 else _long(n644)), _k1216[type(u645 := o.payload)](u645),))
+def _e_PodRetryScheduled1215(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1216, (_P[n1219] if (n1219 := len(s1218 := o.pod_id.encode())) < 8192 else _long(n1219)), s1218, (_P[n1220] if 0 <= (n1220 := o.attempt) < 8192 else _long(n1220)), (_P[n1221] if 0 <= (n1221 := o.not_before) < 8192 else _long(n1221)), (_k1226 if (u1222 := o.gang_id) is None else _u1223(u1222)),))
 
 
-def _d_NodeAdded1223(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1233(v: Any) -> bytes:
+    return b"".join((_k1233, (_P[n1236] if (n1236 := len(s1235 := v.encode())) < 8192 else _long(n1236)), s1235,))
+
+
+def _u1239(v: Any) -> bytes:
+    return b"".join((_k1239, (_P[n1242] if (n1242 := len(s1241 := v.encode())) < 8192 else _long(n1242)), s1241,))
+
+
+def _u1245(v: Any) -> bytes:
+    return b"".join((_k1245, (_b21(a1247) if (a1247 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1227(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1228, (_P[n1231] if (n1231 := len(s1230 := o.budget_id.encode())) < 8192 else _long(n1231)), s1230, (_k1236 if (u1232 := o.tenant) is None else _u1233(u1232)), (_k1242 if (u1238 := o.gang_id) is None else _u1239(u1238)), (_k1247 if (u1244 := o.label_selector) is None else _u1245(u1244)), (_P[n1249] if 0 <= (n1249 := o.max_unavailable) < 8192 else _long(n1249)),))
+
+
+def _e_DisruptionBudgetRemoved1249(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1250, (_P[n1253] if (n1253 := len(s1252 := o.budget_id.encode())) < 8192 else _long(n1253)), s1252,))
+
+
+def _e_EvictionBlocked1253(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1254, (_P[n1257] if (n1257 := len(s1256 := o.pod_id.encode())) < 8192 else _long(n1257)), s1256, (_P[n1259] if (n1259 := len(s1258 := o.node_id.encode())) < 8192 else _long(n1259)), s1258, (_P[n1261] if (n1261 := len(s1260 := o.budget_id.encode())) < 8192 else _long(n1261)), s1260, (_P[n1262] if 0 <= (n1262 := o.grace_ms) < 8192 else _long(n1262)), (_P[n1264] if (n1264 := len(s1263 := o.reason.encode())) < 8192 else _long(n1264)), s1263,))
+
+
+def _e_PodEvictionScheduled1264(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1265, (_P[n1268] if (n1268 := len(s1267 := o.pod_id.encode())) < 8192 else _long(n1268)), s1267, (_P[n1270] if (n1270 := len(s1269 := o.node_id.encode())) < 8192 else _long(n1270)), s1269, (_P[n1271] if 0 <= (n1271 := o.at) < 8192 else _long(n1271)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _u1282(v: Any) -> bytes:
+    return b"".join((_k1282, (_P[n1285] if (n1285 := len(s1284 := v.encode())) < 8192 else _long(n1285)), s1284,))
+
+
+def _u1289(v: Any) -> bytes:
+    return b"".join((_k1289, (_P[n1291] if 0 <= (n1291 := v) < 8192 else _long(n1291)),))
+
+
+def _u1294(v: Any) -> bytes:
+    return b"".join((_k1294, (_P[n1296] if 0 <= (n1296 := v) < 8192 else _long(n1296)),))
+
+
+def _u1299(v: Any) -> bytes:
+    return b"".join((_k1299, (_P[n1301] if 0 <= (n1301 := v) < 8192 else _long(n1301)),))
+
+
+def _u1304(v: Any) -> bytes:
+    return b"".join((_k1304, (_P[n1306] if 0 <= (n1306 := v) < 8192 else _long(n1306)),))
+
+
+def _e_CohortQuota1276(o: _c_CohortQuota) -> bytes:
+    return b"".join((_k1277, (_P[n1280] if (n1280 := len(s1279 := o.cohort.encode())) < 8192 else _long(n1280)), s1279, (_k1285 if (u1281 := o.parent) is None else _u1282(u1281)), (_b132(a1287) if (a1287 := o.nominal_gpus) else b"\x00"), (_k1291 if (u1288 := o.nominal_cpu_milli) is None else _u1289(u1288)), (_k1296 if (u1293 := o.nominal_memory_mib) is None else _u1294(u1293)), (_k1301 if (u1298 := o.borrowing_limit_gpus) is None else _u1299(u1298)), (_k1306 if (u1303 := o.lending_limit_gpus) is None else _u1304(u1303)),))
+
+
+def _e_CohortChanged1271(o: _c_CohortChanged) -> bytes:
+    return b"".join((_k1272, (_P[n1275] if (n1275 := len(s1274 := o.cohort.encode())) < 8192 else _long(n1275)), s1274, (_k1308 if (u1276 := o.spec) is None else _k1307[type(u1276)](u1276)), (_k1311 if (u1310 := o.previous) is None else _k1310[type(u1310)](u1310)), (_P[n1314] if (n1314 := len(s1313 := o.message.encode())) < 8192 else _long(n1314)), s1313,))
+
+
+def _e_Event689(o: _c_Event) -> bytes:
+    return b"".join((_k690, (_P[n692] if 0 <= (n692 := o.partition) < 8192 else _long(n692)), (_P[n693] if 0 <= (n693 := o.sequence) < 8192 else _long(n693)), (_P[n695] if (n695 := len(s694 := o.cluster.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := o.command_id.encode())) < 8192 else _long(n697)), s696, (_P[n698] if 0 <= (n698 := o.command_offset) < 8192 else _long(n698)), (_P[n699] if 0 <= (n699 := o.occurred_at) < 8192 else _long(n699)), _k1314[type(u700 := o.payload)](u700),))
+
+
+def _d_NodeAdded1321(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3955,30 +4315,30 @@ def _d_NodeAdded1223(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1225 = _ZL[buf[pos]]
-    if n1225 < 0:
-        n1225, pos = _rlong(buf, pos)
-        if n1225 < 0:
-            raise _length_error(n1225, end - pos)
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
     else:
         pos += 1
-    q1226 = pos + n1225
-    if q1226 > end:
-        raise _length_error(n1225, end - pos)
-    f_node_id = buf[pos:q1226].decode()
-    pos = q1226
-    n1227 = _ZL[buf[pos]]
-    if n1227 < 0:
-        n1227, pos = _rlong(buf, pos)
-        if n1227 < 0:
-            raise _length_error(n1227, end - pos)
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_node_id = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1228 = pos + n1227
-    if q1228 > end:
-        raise _length_error(n1227, end - pos)
-    f_gpu_model = buf[pos:q1228].decode()
-    pos = q1228
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_gpu_model = buf[pos:q1326].decode()
+    pos = q1326
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -4025,113 +4385,113 @@ def _d_NodeAdded1223(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1229: dict[str, Any] = {}
+        acc1327: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1230 = _ZD[b]
+                c1328 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1230 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1230 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1230, pos = _rlong(buf, pos)
-            if c1230 == 0:
+                c1328, pos = _rlong(buf, pos)
+            if c1328 == 0:
                 break
-            if c1230 < 0:
-                c1230 = -c1230
+            if c1328 < 0:
+                c1328 = -c1328
                 b = buf[pos]
                 if b < 128:
-                    z1233 = _ZD[b]
+                    z1331 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1233 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1233 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1233, pos = _rlong(buf, pos)
-            if c1230 * 2 > end - pos:
-                raise _count_error(c1230, end - pos)
-            for _ in range(c1230):
-                n1234 = _ZL[buf[pos]]
-                if n1234 < 0:
-                    n1234, pos = _rlong(buf, pos)
-                    if n1234 < 0:
-                        raise _length_error(n1234, end - pos)
+                    z1331, pos = _rlong(buf, pos)
+            if c1328 * 2 > end - pos:
+                raise _count_error(c1328, end - pos)
+            for _ in range(c1328):
+                n1332 = _ZL[buf[pos]]
+                if n1332 < 0:
+                    n1332, pos = _rlong(buf, pos)
+                    if n1332 < 0:
+                        raise _length_error(n1332, end - pos)
                 else:
                     pos += 1
-                q1235 = pos + n1234
-                if q1235 > end:
-                    raise _length_error(n1234, end - pos)
-                k1232 = buf[pos:q1235].decode()
-                pos = q1235
-                n1236 = _ZL[buf[pos]]
-                if n1236 < 0:
-                    n1236, pos = _rlong(buf, pos)
-                    if n1236 < 0:
-                        raise _length_error(n1236, end - pos)
+                q1333 = pos + n1332
+                if q1333 > end:
+                    raise _length_error(n1332, end - pos)
+                k1330 = buf[pos:q1333].decode()
+                pos = q1333
+                n1334 = _ZL[buf[pos]]
+                if n1334 < 0:
+                    n1334, pos = _rlong(buf, pos)
+                    if n1334 < 0:
+                        raise _length_error(n1334, end - pos)
                 else:
                     pos += 1
-                q1237 = pos + n1236
-                if q1237 > end:
-                    raise _length_error(n1236, end - pos)
-                x1231 = buf[pos:q1237].decode()
-                pos = q1237
-                acc1229[k1232] = x1231
-        f_labels = acc1229
+                q1335 = pos + n1334
+                if q1335 > end:
+                    raise _length_error(n1334, end - pos)
+                x1329 = buf[pos:q1335].decode()
+                pos = q1335
+                acc1327[k1330] = x1329
+        f_labels = acc1327
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1238: list[Any] = []
+        acc1336: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1239 = _ZD[b]
+                c1337 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1239 = (z >> 1) ^ -(z & 1)
+                c1337 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1239 = (z >> 1) ^ -(z & 1)
+                c1337 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1239, pos = _rlong(buf, pos)
-            if c1239 == 0:
+                c1337, pos = _rlong(buf, pos)
+            if c1337 == 0:
                 break
-            if c1239 < 0:
-                c1239 = -c1239
+            if c1337 < 0:
+                c1337 = -c1337
                 b = buf[pos]
                 if b < 128:
-                    z1242 = _ZD[b]
+                    z1340 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1242 = (z >> 1) ^ -(z & 1)
+                    z1340 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1242 = (z >> 1) ^ -(z & 1)
+                    z1340 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1242, pos = _rlong(buf, pos)
-            if c1239 * 3 > end - pos:
-                raise _count_error(c1239, end - pos)
-            for _ in range(c1239):
-                x1240, pos = _d_Taint378(buf, pos, end)
-                acc1238.append(x1240)
-        f_taints = tuple(acc1238)
+                    z1340, pos = _rlong(buf, pos)
+            if c1337 * 3 > end - pos:
+                raise _count_error(c1337, end - pos)
+            for _ in range(c1337):
+                x1338, pos = _d_Taint413(buf, pos, end)
+                acc1336.append(x1338)
+        f_taints = tuple(acc1336)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -4150,78 +4510,78 @@ def _d_NodeAdded1223(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1242(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1340(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1244 = _ZL[buf[pos]]
-    if n1244 < 0:
-        n1244, pos = _rlong(buf, pos)
-        if n1244 < 0:
-            raise _length_error(n1244, end - pos)
+    n1342 = _ZL[buf[pos]]
+    if n1342 < 0:
+        n1342, pos = _rlong(buf, pos)
+        if n1342 < 0:
+            raise _length_error(n1342, end - pos)
     else:
         pos += 1
-    q1245 = pos + n1244
-    if q1245 > end:
-        raise _length_error(n1244, end - pos)
-    f_node_id = buf[pos:q1245].decode()
-    pos = q1245
+    q1343 = pos + n1342
+    if q1343 > end:
+        raise _length_error(n1342, end - pos)
+    f_node_id = buf[pos:q1343].decode()
+    pos = q1343
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1245(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1343(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1247 = _ZL[buf[pos]]
-    if n1247 < 0:
-        n1247, pos = _rlong(buf, pos)
-        if n1247 < 0:
-            raise _length_error(n1247, end - pos)
+    n1345 = _ZL[buf[pos]]
+    if n1345 < 0:
+        n1345, pos = _rlong(buf, pos)
+        if n1345 < 0:
+            raise _length_error(n1345, end - pos)
     else:
         pos += 1
-    q1248 = pos + n1247
-    if q1248 > end:
-        raise _length_error(n1247, end - pos)
-    f_node_id = buf[pos:q1248].decode()
-    pos = q1248
+    q1346 = pos + n1345
+    if q1346 > end:
+        raise _length_error(n1345, end - pos)
+    f_node_id = buf[pos:q1346].decode()
+    pos = q1346
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1248(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1346(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1250 = _ZL[buf[pos]]
-    if n1250 < 0:
-        n1250, pos = _rlong(buf, pos)
-        if n1250 < 0:
-            raise _length_error(n1250, end - pos)
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
     else:
         pos += 1
-    q1251 = pos + n1250
-    if q1251 > end:
-        raise _length_error(n1250, end - pos)
-    f_node_id = buf[pos:q1251].decode()
-    pos = q1251
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_node_id = buf[pos:q1349].decode()
+    pos = q1349
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1251(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1349(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1253 = _ZL[buf[pos]]
-    if n1253 < 0:
-        n1253, pos = _rlong(buf, pos)
-        if n1253 < 0:
-            raise _length_error(n1253, end - pos)
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
     else:
         pos += 1
-    q1254 = pos + n1253
-    if q1254 > end:
-        raise _length_error(n1253, end - pos)
-    f_node_id = buf[pos:q1254].decode()
-    pos = q1254
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_node_id = buf[pos:q1352].decode()
+    pos = q1352
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4240,34 +4600,34 @@ def _d_NodeDrained1251(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1254(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1352(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1256 = _ZL[buf[pos]]
-    if n1256 < 0:
-        n1256, pos = _rlong(buf, pos)
-        if n1256 < 0:
-            raise _length_error(n1256, end - pos)
+    n1354 = _ZL[buf[pos]]
+    if n1354 < 0:
+        n1354, pos = _rlong(buf, pos)
+        if n1354 < 0:
+            raise _length_error(n1354, end - pos)
     else:
         pos += 1
-    q1257 = pos + n1256
-    if q1257 > end:
-        raise _length_error(n1256, end - pos)
-    f_node_id = buf[pos:q1257].decode()
-    pos = q1257
-    n1258 = _ZL[buf[pos]]
-    if n1258 < 0:
-        n1258, pos = _rlong(buf, pos)
-        if n1258 < 0:
-            raise _length_error(n1258, end - pos)
+    q1355 = pos + n1354
+    if q1355 > end:
+        raise _length_error(n1354, end - pos)
+    f_node_id = buf[pos:q1355].decode()
+    pos = q1355
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
     else:
         pos += 1
-    q1259 = pos + n1258
-    if q1259 > end:
-        raise _length_error(n1258, end - pos)
-    f_reason = buf[pos:q1259].decode()
-    pos = q1259
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_reason = buf[pos:q1357].decode()
+    pos = q1357
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4286,7 +4646,7 @@ def _d_NodeFailed1254(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1358(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4309,30 +4669,30 @@ def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_retry: Any
     f_preemptible: bool
     f_role: Any
-    n1262 = _ZL[buf[pos]]
-    if n1262 < 0:
-        n1262, pos = _rlong(buf, pos)
-        if n1262 < 0:
-            raise _length_error(n1262, end - pos)
+    n1360 = _ZL[buf[pos]]
+    if n1360 < 0:
+        n1360, pos = _rlong(buf, pos)
+        if n1360 < 0:
+            raise _length_error(n1360, end - pos)
     else:
         pos += 1
-    q1263 = pos + n1262
-    if q1263 > end:
-        raise _length_error(n1262, end - pos)
-    f_pod_id = buf[pos:q1263].decode()
-    pos = q1263
-    n1264 = _ZL[buf[pos]]
-    if n1264 < 0:
-        n1264, pos = _rlong(buf, pos)
-        if n1264 < 0:
-            raise _length_error(n1264, end - pos)
+    q1361 = pos + n1360
+    if q1361 > end:
+        raise _length_error(n1360, end - pos)
+    f_pod_id = buf[pos:q1361].decode()
+    pos = q1361
+    n1362 = _ZL[buf[pos]]
+    if n1362 < 0:
+        n1362, pos = _rlong(buf, pos)
+        if n1362 < 0:
+            raise _length_error(n1362, end - pos)
     else:
         pos += 1
-    q1265 = pos + n1264
-    if q1265 > end:
-        raise _length_error(n1264, end - pos)
-    f_tenant = buf[pos:q1265].decode()
-    pos = q1265
+    q1363 = pos + n1362
+    if q1363 > end:
+        raise _length_error(n1362, end - pos)
+    f_tenant = buf[pos:q1363].decode()
+    pos = q1363
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4407,168 +4767,168 @@ def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1266: list[Any] = []
+        acc1364: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1267 = _ZD[b]
+                c1365 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1267 = (z >> 1) ^ -(z & 1)
+                c1365 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1267 = (z >> 1) ^ -(z & 1)
+                c1365 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1267, pos = _rlong(buf, pos)
-            if c1267 == 0:
+                c1365, pos = _rlong(buf, pos)
+            if c1365 == 0:
                 break
-            if c1267 < 0:
-                c1267 = -c1267
+            if c1365 < 0:
+                c1365 = -c1365
                 b = buf[pos]
                 if b < 128:
-                    z1270 = _ZD[b]
+                    z1368 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1270 = (z >> 1) ^ -(z & 1)
+                    z1368 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1270 = (z >> 1) ^ -(z & 1)
+                    z1368 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1270, pos = _rlong(buf, pos)
-            if c1267 * 1 > end - pos:
-                raise _count_error(c1267, end - pos)
-            for _ in range(c1267):
-                n1271 = _ZL[buf[pos]]
-                if n1271 < 0:
-                    n1271, pos = _rlong(buf, pos)
-                    if n1271 < 0:
-                        raise _length_error(n1271, end - pos)
+                    z1368, pos = _rlong(buf, pos)
+            if c1365 * 1 > end - pos:
+                raise _count_error(c1365, end - pos)
+            for _ in range(c1365):
+                n1369 = _ZL[buf[pos]]
+                if n1369 < 0:
+                    n1369, pos = _rlong(buf, pos)
+                    if n1369 < 0:
+                        raise _length_error(n1369, end - pos)
                 else:
                     pos += 1
-                q1272 = pos + n1271
-                if q1272 > end:
-                    raise _length_error(n1271, end - pos)
-                x1268 = buf[pos:q1272].decode()
-                pos = q1272
-                acc1266.append(x1268)
-        f_gpu_models = tuple(acc1266)
+                q1370 = pos + n1369
+                if q1370 > end:
+                    raise _length_error(n1369, end - pos)
+                x1366 = buf[pos:q1370].decode()
+                pos = q1370
+                acc1364.append(x1366)
+        f_gpu_models = tuple(acc1364)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1273: dict[str, Any] = {}
+        acc1371: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1274 = _ZD[b]
+                c1372 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1274 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1274 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1274, pos = _rlong(buf, pos)
-            if c1274 == 0:
+                c1372, pos = _rlong(buf, pos)
+            if c1372 == 0:
                 break
-            if c1274 < 0:
-                c1274 = -c1274
+            if c1372 < 0:
+                c1372 = -c1372
                 b = buf[pos]
                 if b < 128:
-                    z1277 = _ZD[b]
+                    z1375 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1277 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1277 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1277, pos = _rlong(buf, pos)
-            if c1274 * 2 > end - pos:
-                raise _count_error(c1274, end - pos)
-            for _ in range(c1274):
-                n1278 = _ZL[buf[pos]]
-                if n1278 < 0:
-                    n1278, pos = _rlong(buf, pos)
-                    if n1278 < 0:
-                        raise _length_error(n1278, end - pos)
+                    z1375, pos = _rlong(buf, pos)
+            if c1372 * 2 > end - pos:
+                raise _count_error(c1372, end - pos)
+            for _ in range(c1372):
+                n1376 = _ZL[buf[pos]]
+                if n1376 < 0:
+                    n1376, pos = _rlong(buf, pos)
+                    if n1376 < 0:
+                        raise _length_error(n1376, end - pos)
                 else:
                     pos += 1
-                q1279 = pos + n1278
-                if q1279 > end:
-                    raise _length_error(n1278, end - pos)
-                k1276 = buf[pos:q1279].decode()
-                pos = q1279
-                n1280 = _ZL[buf[pos]]
-                if n1280 < 0:
-                    n1280, pos = _rlong(buf, pos)
-                    if n1280 < 0:
-                        raise _length_error(n1280, end - pos)
+                q1377 = pos + n1376
+                if q1377 > end:
+                    raise _length_error(n1376, end - pos)
+                k1374 = buf[pos:q1377].decode()
+                pos = q1377
+                n1378 = _ZL[buf[pos]]
+                if n1378 < 0:
+                    n1378, pos = _rlong(buf, pos)
+                    if n1378 < 0:
+                        raise _length_error(n1378, end - pos)
                 else:
                     pos += 1
-                q1281 = pos + n1280
-                if q1281 > end:
-                    raise _length_error(n1280, end - pos)
-                x1275 = buf[pos:q1281].decode()
-                pos = q1281
-                acc1273[k1276] = x1275
-        f_node_selector = acc1273
+                q1379 = pos + n1378
+                if q1379 > end:
+                    raise _length_error(n1378, end - pos)
+                x1373 = buf[pos:q1379].decode()
+                pos = q1379
+                acc1371[k1374] = x1373
+        f_node_selector = acc1371
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1282: list[Any] = []
+        acc1380: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1283 = _ZD[b]
+                c1381 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1283 = (z >> 1) ^ -(z & 1)
+                c1381 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1283 = (z >> 1) ^ -(z & 1)
+                c1381 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1283, pos = _rlong(buf, pos)
-            if c1283 == 0:
+                c1381, pos = _rlong(buf, pos)
+            if c1381 == 0:
                 break
-            if c1283 < 0:
-                c1283 = -c1283
+            if c1381 < 0:
+                c1381 = -c1381
                 b = buf[pos]
                 if b < 128:
-                    z1286 = _ZD[b]
+                    z1384 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1286 = (z >> 1) ^ -(z & 1)
+                    z1384 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1286 = (z >> 1) ^ -(z & 1)
+                    z1384 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1286, pos = _rlong(buf, pos)
-            if c1283 * 4 > end - pos:
-                raise _count_error(c1283, end - pos)
-            for _ in range(c1283):
-                x1284, pos = _d_Toleration428(buf, pos, end)
-                acc1282.append(x1284)
-        f_tolerations = tuple(acc1282)
+                    z1384, pos = _rlong(buf, pos)
+            if c1381 * 4 > end - pos:
+                raise _count_error(c1381, end - pos)
+            for _ in range(c1381):
+                x1382, pos = _d_Toleration463(buf, pos, end)
+                acc1380.append(x1382)
+        f_tolerations = tuple(acc1380)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4599,52 +4959,52 @@ def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1287 = _ZD[b]
+        i1385 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1287 = (z >> 1) ^ -(z & 1)
+        i1385 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1287 = (z >> 1) ^ -(z & 1)
+        i1385 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1287, pos = _rlong(buf, pos)
-    if i1287 == 0:
+        i1385, pos = _rlong(buf, pos)
+    if i1385 == 0:
         f_gang_id = None
-    elif i1287 == 1:
-        n1288 = _ZL[buf[pos]]
-        if n1288 < 0:
-            n1288, pos = _rlong(buf, pos)
-            if n1288 < 0:
-                raise _length_error(n1288, end - pos)
+    elif i1385 == 1:
+        n1386 = _ZL[buf[pos]]
+        if n1386 < 0:
+            n1386, pos = _rlong(buf, pos)
+            if n1386 < 0:
+                raise _length_error(n1386, end - pos)
         else:
             pos += 1
-        q1289 = pos + n1288
-        if q1289 > end:
-            raise _length_error(n1288, end - pos)
-        f_gang_id = buf[pos:q1289].decode()
-        pos = q1289
+        q1387 = pos + n1386
+        if q1387 > end:
+            raise _length_error(n1386, end - pos)
+        f_gang_id = buf[pos:q1387].decode()
+        pos = q1387
     else:
-        raise _union_error(i1287, 2)
+        raise _union_error(i1385, 2)
     b = buf[pos]
     if b < 128:
-        i1290 = _ZD[b]
+        i1388 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1290 = (z >> 1) ^ -(z & 1)
+        i1388 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1290 = (z >> 1) ^ -(z & 1)
+        i1388 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1290, pos = _rlong(buf, pos)
-    if i1290 == 0:
+        i1388, pos = _rlong(buf, pos)
+    if i1388 == 0:
         f_time_limit_ms = None
-    elif i1290 == 1:
+    elif i1388 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4660,86 +5020,86 @@ def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1290, 2)
+        raise _union_error(i1388, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1291: list[Any] = []
+        acc1389: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1292 = _ZD[b]
+                c1390 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1292 = (z >> 1) ^ -(z & 1)
+                c1390 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1292 = (z >> 1) ^ -(z & 1)
+                c1390 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1292, pos = _rlong(buf, pos)
-            if c1292 == 0:
+                c1390, pos = _rlong(buf, pos)
+            if c1390 == 0:
                 break
-            if c1292 < 0:
-                c1292 = -c1292
+            if c1390 < 0:
+                c1390 = -c1390
                 b = buf[pos]
                 if b < 128:
-                    z1295 = _ZD[b]
+                    z1393 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1295 = (z >> 1) ^ -(z & 1)
+                    z1393 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1295 = (z >> 1) ^ -(z & 1)
+                    z1393 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1295, pos = _rlong(buf, pos)
-            if c1292 * 1 > end - pos:
-                raise _count_error(c1292, end - pos)
-            for _ in range(c1292):
-                n1296 = _ZL[buf[pos]]
-                if n1296 < 0:
-                    n1296, pos = _rlong(buf, pos)
-                    if n1296 < 0:
-                        raise _length_error(n1296, end - pos)
+                    z1393, pos = _rlong(buf, pos)
+            if c1390 * 1 > end - pos:
+                raise _count_error(c1390, end - pos)
+            for _ in range(c1390):
+                n1394 = _ZL[buf[pos]]
+                if n1394 < 0:
+                    n1394, pos = _rlong(buf, pos)
+                    if n1394 < 0:
+                        raise _length_error(n1394, end - pos)
                 else:
                     pos += 1
-                q1297 = pos + n1296
-                if q1297 > end:
-                    raise _length_error(n1296, end - pos)
-                x1293 = buf[pos:q1297].decode()
-                pos = q1297
-                acc1291.append(x1293)
-        f_depends_on = tuple(acc1291)
-    n1298 = _ZL[buf[pos]]
-    if n1298 < 0:
-        n1298, pos = _rlong(buf, pos)
-        if n1298 < 0:
-            raise _length_error(n1298, end - pos)
+                q1395 = pos + n1394
+                if q1395 > end:
+                    raise _length_error(n1394, end - pos)
+                x1391 = buf[pos:q1395].decode()
+                pos = q1395
+                acc1389.append(x1391)
+        f_depends_on = tuple(acc1389)
+    n1396 = _ZL[buf[pos]]
+    if n1396 < 0:
+        n1396, pos = _rlong(buf, pos)
+        if n1396 < 0:
+            raise _length_error(n1396, end - pos)
     else:
         pos += 1
-    q1299 = pos + n1298
-    if q1299 > end:
-        raise _length_error(n1298, end - pos)
-    f_dependency = buf[pos:q1299].decode()
-    pos = q1299
-    n1300 = _ZL[buf[pos]]
-    if n1300 < 0:
-        n1300, pos = _rlong(buf, pos)
-        if n1300 < 0:
-            raise _length_error(n1300, end - pos)
+    q1397 = pos + n1396
+    if q1397 > end:
+        raise _length_error(n1396, end - pos)
+    f_dependency = buf[pos:q1397].decode()
+    pos = q1397
+    n1398 = _ZL[buf[pos]]
+    if n1398 < 0:
+        n1398, pos = _rlong(buf, pos)
+        if n1398 < 0:
+            raise _length_error(n1398, end - pos)
     else:
         pos += 1
-    q1301 = pos + n1300
-    if q1301 > end:
-        raise _length_error(n1300, end - pos)
-    f_preemption = buf[pos:q1301].decode()
-    pos = q1301
+    q1399 = pos + n1398
+    if q1399 > end:
+        raise _length_error(n1398, end - pos)
+    f_preemption = buf[pos:q1399].decode()
+    pos = q1399
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4758,77 +5118,77 @@ def _d_PodSpec1260(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1302 = _ZD[b]
+        i1400 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1302 = (z >> 1) ^ -(z & 1)
+        i1400 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1302 = (z >> 1) ^ -(z & 1)
+        i1400 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1302, pos = _rlong(buf, pos)
-    if i1302 == 0:
+        i1400, pos = _rlong(buf, pos)
+    if i1400 == 0:
         f_retry = None
-    elif i1302 == 1:
-        f_retry, pos = _d_Retry450(buf, pos, end)
+    elif i1400 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i1302, 2)
+        raise _union_error(i1400, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     b = buf[pos]
     if b < 128:
-        i1303 = _ZD[b]
+        i1401 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1303 = (z >> 1) ^ -(z & 1)
+        i1401 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1303 = (z >> 1) ^ -(z & 1)
+        i1401 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1303, pos = _rlong(buf, pos)
-    if i1303 == 0:
+        i1401, pos = _rlong(buf, pos)
+    if i1401 == 0:
         f_role = None
-    elif i1303 == 1:
-        n1304 = _ZL[buf[pos]]
-        if n1304 < 0:
-            n1304, pos = _rlong(buf, pos)
-            if n1304 < 0:
-                raise _length_error(n1304, end - pos)
+    elif i1401 == 1:
+        n1402 = _ZL[buf[pos]]
+        if n1402 < 0:
+            n1402, pos = _rlong(buf, pos)
+            if n1402 < 0:
+                raise _length_error(n1402, end - pos)
         else:
             pos += 1
-        q1305 = pos + n1304
-        if q1305 > end:
-            raise _length_error(n1304, end - pos)
-        f_role = buf[pos:q1305].decode()
-        pos = q1305
+        q1403 = pos + n1402
+        if q1403 > end:
+            raise _length_error(n1402, end - pos)
+        f_role = buf[pos:q1403].decode()
+        pos = q1403
     else:
-        raise _union_error(i1303, 2)
+        raise _union_error(i1401, 2)
     o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible, f_role)
     return o, pos
 
 
-def _d_QueueReason1310(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1408(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1312 = _ZL[buf[pos]]
-    if n1312 < 0:
-        n1312, pos = _rlong(buf, pos)
-        if n1312 < 0:
-            raise _length_error(n1312, end - pos)
+    n1410 = _ZL[buf[pos]]
+    if n1410 < 0:
+        n1410, pos = _rlong(buf, pos)
+        if n1410 < 0:
+            raise _length_error(n1410, end - pos)
     else:
         pos += 1
-    q1313 = pos + n1312
-    if q1313 > end:
-        raise _length_error(n1312, end - pos)
-    f_code = buf[pos:q1313].decode()
-    pos = q1313
+    q1411 = pos + n1410
+    if q1411 > end:
+        raise _length_error(n1410, end - pos)
+    f_code = buf[pos:q1411].decode()
+    pos = q1411
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4843,134 +5203,134 @@ def _d_QueueReason1310(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1314 = _ZL[buf[pos]]
-    if n1314 < 0:
-        n1314, pos = _rlong(buf, pos)
-        if n1314 < 0:
-            raise _length_error(n1314, end - pos)
+    n1412 = _ZL[buf[pos]]
+    if n1412 < 0:
+        n1412, pos = _rlong(buf, pos)
+        if n1412 < 0:
+            raise _length_error(n1412, end - pos)
     else:
         pos += 1
-    q1315 = pos + n1314
-    if q1315 > end:
-        raise _length_error(n1314, end - pos)
-    f_message = buf[pos:q1315].decode()
-    pos = q1315
+    q1413 = pos + n1412
+    if q1413 > end:
+        raise _length_error(n1412, end - pos)
+    f_message = buf[pos:q1413].decode()
+    pos = q1413
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1259(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1260(buf, pos, end)
+    f_pod, pos = _d_PodSpec1358(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1306: list[Any] = []
+        acc1404: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1307 = _ZD[b]
+                c1405 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1307 = (z >> 1) ^ -(z & 1)
+                c1405 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1307 = (z >> 1) ^ -(z & 1)
+                c1405 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1307, pos = _rlong(buf, pos)
-            if c1307 == 0:
+                c1405, pos = _rlong(buf, pos)
+            if c1405 == 0:
                 break
-            if c1307 < 0:
-                c1307 = -c1307
+            if c1405 < 0:
+                c1405 = -c1405
                 b = buf[pos]
                 if b < 128:
-                    z1310 = _ZD[b]
+                    z1408 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1310 = (z >> 1) ^ -(z & 1)
+                    z1408 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1310 = (z >> 1) ^ -(z & 1)
+                    z1408 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1310, pos = _rlong(buf, pos)
-            if c1307 * 3 > end - pos:
-                raise _count_error(c1307, end - pos)
-            for _ in range(c1307):
-                x1308, pos = _d_QueueReason1310(buf, pos, end)
-                acc1306.append(x1308)
-        f_reasons = tuple(acc1306)
+                    z1408, pos = _rlong(buf, pos)
+            if c1405 * 3 > end - pos:
+                raise _count_error(c1405, end - pos)
+            for _ in range(c1405):
+                x1406, pos = _d_QueueReason1408(buf, pos, end)
+                acc1404.append(x1406)
+        f_reasons = tuple(acc1404)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1316: list[Any] = []
+        acc1414: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1317 = _ZD[b]
+                c1415 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1317 = (z >> 1) ^ -(z & 1)
+                c1415 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1317 = (z >> 1) ^ -(z & 1)
+                c1415 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1317, pos = _rlong(buf, pos)
-            if c1317 == 0:
+                c1415, pos = _rlong(buf, pos)
+            if c1415 == 0:
                 break
-            if c1317 < 0:
-                c1317 = -c1317
+            if c1415 < 0:
+                c1415 = -c1415
                 b = buf[pos]
                 if b < 128:
-                    z1320 = _ZD[b]
+                    z1418 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1320 = (z >> 1) ^ -(z & 1)
+                    z1418 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1320 = (z >> 1) ^ -(z & 1)
+                    z1418 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1320, pos = _rlong(buf, pos)
-            if c1317 * 1 > end - pos:
-                raise _count_error(c1317, end - pos)
-            for _ in range(c1317):
-                n1321 = _ZL[buf[pos]]
-                if n1321 < 0:
-                    n1321, pos = _rlong(buf, pos)
-                    if n1321 < 0:
-                        raise _length_error(n1321, end - pos)
+                    z1418, pos = _rlong(buf, pos)
+            if c1415 * 1 > end - pos:
+                raise _count_error(c1415, end - pos)
+            for _ in range(c1415):
+                n1419 = _ZL[buf[pos]]
+                if n1419 < 0:
+                    n1419, pos = _rlong(buf, pos)
+                    if n1419 < 0:
+                        raise _length_error(n1419, end - pos)
                 else:
                     pos += 1
-                q1322 = pos + n1321
-                if q1322 > end:
-                    raise _length_error(n1321, end - pos)
-                x1318 = buf[pos:q1322].decode()
-                pos = q1322
-                acc1316.append(x1318)
-        f_waiting_for = tuple(acc1316)
+                q1420 = pos + n1419
+                if q1420 > end:
+                    raise _length_error(n1419, end - pos)
+                x1416 = buf[pos:q1420].decode()
+                pos = q1420
+                acc1414.append(x1416)
+        f_waiting_for = tuple(acc1414)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1330(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1428(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -5005,7 +5365,7 @@ def _d_GpuShare1330(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1322(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1420(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -5013,1184 +5373,137 @@ def _d_PodScheduled1322(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1260(buf, pos, end)
-    n1324 = _ZL[buf[pos]]
-    if n1324 < 0:
-        n1324, pos = _rlong(buf, pos)
-        if n1324 < 0:
-            raise _length_error(n1324, end - pos)
+    f_pod, pos = _d_PodSpec1358(buf, pos, end)
+    n1422 = _ZL[buf[pos]]
+    if n1422 < 0:
+        n1422, pos = _rlong(buf, pos)
+        if n1422 < 0:
+            raise _length_error(n1422, end - pos)
     else:
         pos += 1
-    q1325 = pos + n1324
-    if q1325 > end:
-        raise _length_error(n1324, end - pos)
-    f_node_id = buf[pos:q1325].decode()
-    pos = q1325
+    q1423 = pos + n1422
+    if q1423 > end:
+        raise _length_error(n1422, end - pos)
+    f_node_id = buf[pos:q1423].decode()
+    pos = q1423
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1326: list[Any] = []
+        acc1424: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1327 = _ZD[b]
+                c1425 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1327 = (z >> 1) ^ -(z & 1)
+                c1425 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1327 = (z >> 1) ^ -(z & 1)
+                c1425 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1327, pos = _rlong(buf, pos)
-            if c1327 == 0:
+                c1425, pos = _rlong(buf, pos)
+            if c1425 == 0:
                 break
-            if c1327 < 0:
-                c1327 = -c1327
+            if c1425 < 0:
+                c1425 = -c1425
                 b = buf[pos]
                 if b < 128:
-                    z1330 = _ZD[b]
+                    z1428 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1330 = (z >> 1) ^ -(z & 1)
+                    z1428 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1330 = (z >> 1) ^ -(z & 1)
+                    z1428 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1330, pos = _rlong(buf, pos)
-            if c1327 * 2 > end - pos:
-                raise _count_error(c1327, end - pos)
-            for _ in range(c1327):
-                x1328, pos = _d_GpuShare1330(buf, pos, end)
-                acc1326.append(x1328)
-        f_gpus = tuple(acc1326)
-    n1332 = _ZL[buf[pos]]
-    if n1332 < 0:
-        n1332, pos = _rlong(buf, pos)
-        if n1332 < 0:
-            raise _length_error(n1332, end - pos)
+                    z1428, pos = _rlong(buf, pos)
+            if c1425 * 2 > end - pos:
+                raise _count_error(c1425, end - pos)
+            for _ in range(c1425):
+                x1426, pos = _d_GpuShare1428(buf, pos, end)
+                acc1424.append(x1426)
+        f_gpus = tuple(acc1424)
+    n1430 = _ZL[buf[pos]]
+    if n1430 < 0:
+        n1430, pos = _rlong(buf, pos)
+        if n1430 < 0:
+            raise _length_error(n1430, end - pos)
     else:
         pos += 1
-    q1333 = pos + n1332
-    if q1333 > end:
-        raise _length_error(n1332, end - pos)
-    f_policy = buf[pos:q1333].decode()
-    pos = q1333
+    q1431 = pos + n1430
+    if q1431 > end:
+        raise _length_error(n1430, end - pos)
+    f_policy = buf[pos:q1431].decode()
+    pos = q1431
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1334: dict[str, Any] = {}
+        acc1432: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1335 = _ZD[b]
+                c1433 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1335 = (z >> 1) ^ -(z & 1)
+                c1433 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1335 = (z >> 1) ^ -(z & 1)
+                c1433 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1335, pos = _rlong(buf, pos)
-            if c1335 == 0:
+                c1433, pos = _rlong(buf, pos)
+            if c1433 == 0:
                 break
-            if c1335 < 0:
-                c1335 = -c1335
+            if c1433 < 0:
+                c1433 = -c1433
                 b = buf[pos]
                 if b < 128:
-                    z1338 = _ZD[b]
+                    z1436 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1338 = (z >> 1) ^ -(z & 1)
+                    z1436 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1338 = (z >> 1) ^ -(z & 1)
+                    z1436 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1338, pos = _rlong(buf, pos)
-            if c1335 * 9 > end - pos:
-                raise _count_error(c1335, end - pos)
-            for _ in range(c1335):
-                n1339 = _ZL[buf[pos]]
-                if n1339 < 0:
-                    n1339, pos = _rlong(buf, pos)
-                    if n1339 < 0:
-                        raise _length_error(n1339, end - pos)
+                    z1436, pos = _rlong(buf, pos)
+            if c1433 * 9 > end - pos:
+                raise _count_error(c1433, end - pos)
+            for _ in range(c1433):
+                n1437 = _ZL[buf[pos]]
+                if n1437 < 0:
+                    n1437, pos = _rlong(buf, pos)
+                    if n1437 < 0:
+                        raise _length_error(n1437, end - pos)
                 else:
                     pos += 1
-                q1340 = pos + n1339
-                if q1340 > end:
-                    raise _length_error(n1339, end - pos)
-                k1337 = buf[pos:q1340].decode()
-                pos = q1340
-                x1336, = _unpack_d(buf, pos)
+                q1438 = pos + n1437
+                if q1438 > end:
+                    raise _length_error(n1437, end - pos)
+                k1435 = buf[pos:q1438].decode()
+                pos = q1438
+                x1434, = _unpack_d(buf, pos)
                 pos += 8
-                acc1334[k1337] = x1336
-        f_scores = acc1334
+                acc1432[k1435] = x1434
+        f_scores = acc1432
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
-    else:
-        acc1341: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1342 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1342 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1342 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1342, pos = _rlong(buf, pos)
-            if c1342 == 0:
-                break
-            if c1342 < 0:
-                c1342 = -c1342
-                b = buf[pos]
-                if b < 128:
-                    z1345 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1345 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1345 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1345, pos = _rlong(buf, pos)
-            if c1342 * 1 > end - pos:
-                raise _count_error(c1342, end - pos)
-            for _ in range(c1342):
-                n1346 = _ZL[buf[pos]]
-                if n1346 < 0:
-                    n1346, pos = _rlong(buf, pos)
-                    if n1346 < 0:
-                        raise _length_error(n1346, end - pos)
-                else:
-                    pos += 1
-                q1347 = pos + n1346
-                if q1347 > end:
-                    raise _length_error(n1346, end - pos)
-                x1343 = buf[pos:q1347].decode()
-                pos = q1347
-                acc1341.append(x1343)
-        f_preempted = tuple(acc1341)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1347(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1349 = _ZL[buf[pos]]
-    if n1349 < 0:
-        n1349, pos = _rlong(buf, pos)
-        if n1349 < 0:
-            raise _length_error(n1349, end - pos)
-    else:
-        pos += 1
-    q1350 = pos + n1349
-    if q1350 > end:
-        raise _length_error(n1349, end - pos)
-    f_pod_id = buf[pos:q1350].decode()
-    pos = q1350
-    n1351 = _ZL[buf[pos]]
-    if n1351 < 0:
-        n1351, pos = _rlong(buf, pos)
-        if n1351 < 0:
-            raise _length_error(n1351, end - pos)
-    else:
-        pos += 1
-    q1352 = pos + n1351
-    if q1352 > end:
-        raise _length_error(n1351, end - pos)
-    f_node_id = buf[pos:q1352].decode()
-    pos = q1352
-    n1353 = _ZL[buf[pos]]
-    if n1353 < 0:
-        n1353, pos = _rlong(buf, pos)
-        if n1353 < 0:
-            raise _length_error(n1353, end - pos)
-    else:
-        pos += 1
-    q1354 = pos + n1353
-    if q1354 > end:
-        raise _length_error(n1353, end - pos)
-    f_reason = buf[pos:q1354].decode()
-    pos = q1354
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1354(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1356 = _ZL[buf[pos]]
-    if n1356 < 0:
-        n1356, pos = _rlong(buf, pos)
-        if n1356 < 0:
-            raise _length_error(n1356, end - pos)
-    else:
-        pos += 1
-    q1357 = pos + n1356
-    if q1357 > end:
-        raise _length_error(n1356, end - pos)
-    f_pod_id = buf[pos:q1357].decode()
-    pos = q1357
-    b = buf[pos]
-    if b < 128:
-        i1358 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1358 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1358 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1358, pos = _rlong(buf, pos)
-    if i1358 == 0:
-        f_node_id = None
-    elif i1358 == 1:
-        n1359 = _ZL[buf[pos]]
-        if n1359 < 0:
-            n1359, pos = _rlong(buf, pos)
-            if n1359 < 0:
-                raise _length_error(n1359, end - pos)
-        else:
-            pos += 1
-        q1360 = pos + n1359
-        if q1360 > end:
-            raise _length_error(n1359, end - pos)
-        f_node_id = buf[pos:q1360].decode()
-        pos = q1360
-    else:
-        raise _union_error(i1358, 2)
-    n1361 = _ZL[buf[pos]]
-    if n1361 < 0:
-        n1361, pos = _rlong(buf, pos)
-        if n1361 < 0:
-            raise _length_error(n1361, end - pos)
-    else:
-        pos += 1
-    q1362 = pos + n1361
-    if q1362 > end:
-        raise _length_error(n1361, end - pos)
-    f_reason = buf[pos:q1362].decode()
-    pos = q1362
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1362(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1364 = _ZL[buf[pos]]
-    if n1364 < 0:
-        n1364, pos = _rlong(buf, pos)
-        if n1364 < 0:
-            raise _length_error(n1364, end - pos)
-    else:
-        pos += 1
-    q1365 = pos + n1364
-    if q1365 > end:
-        raise _length_error(n1364, end - pos)
-    f_policy = buf[pos:q1365].decode()
-    pos = q1365
-    n1366 = _ZL[buf[pos]]
-    if n1366 < 0:
-        n1366, pos = _rlong(buf, pos)
-        if n1366 < 0:
-            raise _length_error(n1366, end - pos)
-    else:
-        pos += 1
-    q1367 = pos + n1366
-    if q1367 > end:
-        raise _length_error(n1366, end - pos)
-    f_previous = buf[pos:q1367].decode()
-    pos = q1367
-    b = buf[pos]
-    if b < 128:
-        i1368 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1368 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1368 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1368, pos = _rlong(buf, pos)
-    if i1368 == 0:
-        f_reserve_after_ms = None
-    elif i1368 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1368, 2)
-    n1369 = _ZL[buf[pos]]
-    if n1369 < 0:
-        n1369, pos = _rlong(buf, pos)
-        if n1369 < 0:
-            raise _length_error(n1369, end - pos)
-    else:
-        pos += 1
-    q1370 = pos + n1369
-    if q1370 > end:
-        raise _length_error(n1369, end - pos)
-    f_queue_order = buf[pos:q1370].decode()
-    pos = q1370
-    b = buf[pos]
-    if b < 128:
-        i1371 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1371 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1371 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1371, pos = _rlong(buf, pos)
-    if i1371 == 0:
-        f_max_clock_jump_ms = None
-    elif i1371 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1371, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1371(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1373 = _ZL[buf[pos]]
-    if n1373 < 0:
-        n1373, pos = _rlong(buf, pos)
-        if n1373 < 0:
-            raise _length_error(n1373, end - pos)
-    else:
-        pos += 1
-    q1374 = pos + n1373
-    if q1374 > end:
-        raise _length_error(n1373, end - pos)
-    f_command_id = buf[pos:q1374].decode()
-    pos = q1374
-    n1375 = _ZL[buf[pos]]
-    if n1375 < 0:
-        n1375, pos = _rlong(buf, pos)
-        if n1375 < 0:
-            raise _length_error(n1375, end - pos)
-    else:
-        pos += 1
-    q1376 = pos + n1375
-    if q1376 > end:
-        raise _length_error(n1375, end - pos)
-    f_command_type = buf[pos:q1376].decode()
-    pos = q1376
-    n1377 = _ZL[buf[pos]]
-    if n1377 < 0:
-        n1377, pos = _rlong(buf, pos)
-        if n1377 < 0:
-            raise _length_error(n1377, end - pos)
-    else:
-        pos += 1
-    q1378 = pos + n1377
-    if q1378 > end:
-        raise _length_error(n1377, end - pos)
-    f_code = buf[pos:q1378].decode()
-    pos = q1378
-    n1379 = _ZL[buf[pos]]
-    if n1379 < 0:
-        n1379, pos = _rlong(buf, pos)
-        if n1379 < 0:
-            raise _length_error(n1379, end - pos)
-    else:
-        pos += 1
-    q1380 = pos + n1379
-    if q1380 > end:
-        raise _length_error(n1379, end - pos)
-    f_message = buf[pos:q1380].decode()
-    pos = q1380
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1388(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
-    f_retry: Any
-    f_queued_at: Any
-    f_preemptible: bool
-    f_disruption: str
-    f_min_members_per_role: dict[str, Any]
-    n1390 = _ZL[buf[pos]]
-    if n1390 < 0:
-        n1390, pos = _rlong(buf, pos)
-        if n1390 < 0:
-            raise _length_error(n1390, end - pos)
-    else:
-        pos += 1
-    q1391 = pos + n1390
-    if q1391 > end:
-        raise _length_error(n1390, end - pos)
-    f_gang_id = buf[pos:q1391].decode()
-    pos = q1391
-    n1392 = _ZL[buf[pos]]
-    if n1392 < 0:
-        n1392, pos = _rlong(buf, pos)
-        if n1392 < 0:
-            raise _length_error(n1392, end - pos)
-    else:
-        pos += 1
-    q1393 = pos + n1392
-    if q1393 > end:
-        raise _length_error(n1392, end - pos)
-    f_tenant = buf[pos:q1393].decode()
-    pos = q1393
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
-    else:
-        acc1394: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1395 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1395 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1395 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1395, pos = _rlong(buf, pos)
-            if c1395 == 0:
-                break
-            if c1395 < 0:
-                c1395 = -c1395
-                b = buf[pos]
-                if b < 128:
-                    z1398 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1398 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1398 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1398, pos = _rlong(buf, pos)
-            if c1395 * 22 > end - pos:
-                raise _count_error(c1395, end - pos)
-            for _ in range(c1395):
-                x1396, pos = _d_PodSpec1260(buf, pos, end)
-                acc1394.append(x1396)
-        f_members = tuple(acc1394)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1399 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1399 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1399 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1399, pos = _rlong(buf, pos)
-    if i1399 == 0:
-        f_topology_required = None
-    elif i1399 == 1:
-        n1400 = _ZL[buf[pos]]
-        if n1400 < 0:
-            n1400, pos = _rlong(buf, pos)
-            if n1400 < 0:
-                raise _length_error(n1400, end - pos)
-        else:
-            pos += 1
-        q1401 = pos + n1400
-        if q1401 > end:
-            raise _length_error(n1400, end - pos)
-        f_topology_required = buf[pos:q1401].decode()
-        pos = q1401
-    else:
-        raise _union_error(i1399, 2)
-    b = buf[pos]
-    if b < 128:
-        i1402 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1402 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1402 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1402, pos = _rlong(buf, pos)
-    if i1402 == 0:
-        f_topology_preferred = None
-    elif i1402 == 1:
-        n1403 = _ZL[buf[pos]]
-        if n1403 < 0:
-            n1403, pos = _rlong(buf, pos)
-            if n1403 < 0:
-                raise _length_error(n1403, end - pos)
-        else:
-            pos += 1
-        q1404 = pos + n1403
-        if q1404 > end:
-            raise _length_error(n1403, end - pos)
-        f_topology_preferred = buf[pos:q1404].decode()
-        pos = q1404
-    else:
-        raise _union_error(i1402, 2)
-    b = buf[pos]
-    if b < 128:
-        i1405 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1405 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1405 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1405, pos = _rlong(buf, pos)
-    if i1405 == 0:
-        f_timeout_ms = None
-    elif i1405 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1405, 2)
-    b = buf[pos]
-    if b < 128:
-        i1406 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1406 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1406 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1406, pos = _rlong(buf, pos)
-    if i1406 == 0:
-        f_time_limit_ms = None
-    elif i1406 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1406, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1407: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1408 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1408 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1408 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1408, pos = _rlong(buf, pos)
-            if c1408 == 0:
-                break
-            if c1408 < 0:
-                c1408 = -c1408
-                b = buf[pos]
-                if b < 128:
-                    z1411 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1411 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1411 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1411, pos = _rlong(buf, pos)
-            if c1408 * 1 > end - pos:
-                raise _count_error(c1408, end - pos)
-            for _ in range(c1408):
-                n1412 = _ZL[buf[pos]]
-                if n1412 < 0:
-                    n1412, pos = _rlong(buf, pos)
-                    if n1412 < 0:
-                        raise _length_error(n1412, end - pos)
-                else:
-                    pos += 1
-                q1413 = pos + n1412
-                if q1413 > end:
-                    raise _length_error(n1412, end - pos)
-                x1409 = buf[pos:q1413].decode()
-                pos = q1413
-                acc1407.append(x1409)
-        f_depends_on = tuple(acc1407)
-    n1414 = _ZL[buf[pos]]
-    if n1414 < 0:
-        n1414, pos = _rlong(buf, pos)
-        if n1414 < 0:
-            raise _length_error(n1414, end - pos)
-    else:
-        pos += 1
-    q1415 = pos + n1414
-    if q1415 > end:
-        raise _length_error(n1414, end - pos)
-    f_dependency = buf[pos:q1415].decode()
-    pos = q1415
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    n1416 = _ZL[buf[pos]]
-    if n1416 < 0:
-        n1416, pos = _rlong(buf, pos)
-        if n1416 < 0:
-            raise _length_error(n1416, end - pos)
-    else:
-        pos += 1
-    q1417 = pos + n1416
-    if q1417 > end:
-        raise _length_error(n1416, end - pos)
-    f_preemption = buf[pos:q1417].decode()
-    pos = q1417
-    b = buf[pos]
-    if b < 128:
-        i1418 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1418 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1418 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1418, pos = _rlong(buf, pos)
-    if i1418 == 0:
-        f_retry = None
-    elif i1418 == 1:
-        f_retry, pos = _d_Retry450(buf, pos, end)
-    else:
-        raise _union_error(i1418, 2)
-    b = buf[pos]
-    if b < 128:
-        i1419 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1419 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1419 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1419, pos = _rlong(buf, pos)
-    if i1419 == 0:
-        f_queued_at = None
-    elif i1419 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_queued_at = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_queued_at = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_queued_at = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_queued_at, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1419, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n1420 = _ZL[buf[pos]]
-    if n1420 < 0:
-        n1420, pos = _rlong(buf, pos)
-        if n1420 < 0:
-            raise _length_error(n1420, end - pos)
-    else:
-        pos += 1
-    q1421 = pos + n1420
-    if q1421 > end:
-        raise _length_error(n1420, end - pos)
-    f_disruption = buf[pos:q1421].decode()
-    pos = q1421
-    if buf[pos] == 0:
-        pos += 1
-        f_min_members_per_role = {}
-    else:
-        acc1422: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1423 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1423 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1423 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1423, pos = _rlong(buf, pos)
-            if c1423 == 0:
-                break
-            if c1423 < 0:
-                c1423 = -c1423
-                b = buf[pos]
-                if b < 128:
-                    z1426 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1426 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1426 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1426, pos = _rlong(buf, pos)
-            if c1423 * 2 > end - pos:
-                raise _count_error(c1423, end - pos)
-            for _ in range(c1423):
-                n1427 = _ZL[buf[pos]]
-                if n1427 < 0:
-                    n1427, pos = _rlong(buf, pos)
-                    if n1427 < 0:
-                        raise _length_error(n1427, end - pos)
-                else:
-                    pos += 1
-                q1428 = pos + n1427
-                if q1428 > end:
-                    raise _length_error(n1427, end - pos)
-                k1425 = buf[pos:q1428].decode()
-                pos = q1428
-                b = buf[pos]
-                if b < 128:
-                    x1424 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x1424 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x1424 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x1424, pos = _rlong(buf, pos)
-                acc1422[k1425] = x1424
-        f_min_members_per_role = acc1422
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption, f_min_members_per_role)
-    return o, pos
-
-
-def _d_GangQueued1380(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1382 = _ZL[buf[pos]]
-    if n1382 < 0:
-        n1382, pos = _rlong(buf, pos)
-        if n1382 < 0:
-            raise _length_error(n1382, end - pos)
-    else:
-        pos += 1
-    q1383 = pos + n1382
-    if q1383 > end:
-        raise _length_error(n1382, end - pos)
-    f_gang_id = buf[pos:q1383].decode()
-    pos = q1383
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1384: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1385 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1385 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1385 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1385, pos = _rlong(buf, pos)
-            if c1385 == 0:
-                break
-            if c1385 < 0:
-                c1385 = -c1385
-                b = buf[pos]
-                if b < 128:
-                    z1388 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1388 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1388 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1388, pos = _rlong(buf, pos)
-            if c1385 * 3 > end - pos:
-                raise _count_error(c1385, end - pos)
-            for _ in range(c1385):
-                x1386, pos = _d_QueueReason1310(buf, pos, end)
-                acc1384.append(x1386)
-        f_reasons = tuple(acc1384)
-    f_gang, pos = _d_GangSpec1388(buf, pos, end)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1429: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1430 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1430 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1430 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1430, pos = _rlong(buf, pos)
-            if c1430 == 0:
-                break
-            if c1430 < 0:
-                c1430 = -c1430
-                b = buf[pos]
-                if b < 128:
-                    z1433 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1433 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1433 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1433, pos = _rlong(buf, pos)
-            if c1430 * 1 > end - pos:
-                raise _count_error(c1430, end - pos)
-            for _ in range(c1430):
-                n1434 = _ZL[buf[pos]]
-                if n1434 < 0:
-                    n1434, pos = _rlong(buf, pos)
-                    if n1434 < 0:
-                        raise _length_error(n1434, end - pos)
-                else:
-                    pos += 1
-                q1435 = pos + n1434
-                if q1435 > end:
-                    raise _length_error(n1434, end - pos)
-                x1431 = buf[pos:q1435].decode()
-                pos = q1435
-                acc1429.append(x1431)
-        f_waiting_for = tuple(acc1429)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_MemberPlacement1443(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    n1445 = _ZL[buf[pos]]
-    if n1445 < 0:
-        n1445, pos = _rlong(buf, pos)
-        if n1445 < 0:
-            raise _length_error(n1445, end - pos)
-    else:
-        pos += 1
-    q1446 = pos + n1445
-    if q1446 > end:
-        raise _length_error(n1445, end - pos)
-    f_pod_id = buf[pos:q1446].decode()
-    pos = q1446
-    n1447 = _ZL[buf[pos]]
-    if n1447 < 0:
-        n1447, pos = _rlong(buf, pos)
-        if n1447 < 0:
-            raise _length_error(n1447, end - pos)
-    else:
-        pos += 1
-    q1448 = pos + n1447
-    if q1448 > end:
-        raise _length_error(n1447, end - pos)
-    f_node_id = buf[pos:q1448].decode()
-    pos = q1448
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
-    else:
-        acc1449: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1450 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1450 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1450 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1450, pos = _rlong(buf, pos)
-            if c1450 == 0:
-                break
-            if c1450 < 0:
-                c1450 = -c1450
-                b = buf[pos]
-                if b < 128:
-                    z1453 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1453 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1453 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1453, pos = _rlong(buf, pos)
-            if c1450 * 2 > end - pos:
-                raise _count_error(c1450, end - pos)
-            for _ in range(c1450):
-                x1451, pos = _d_GpuShare1330(buf, pos, end)
-                acc1449.append(x1451)
-        f_gpus = tuple(acc1449)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
-    return o, pos
-
-
-def _d_GangScheduled1435(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
-    n1437 = _ZL[buf[pos]]
-    if n1437 < 0:
-        n1437, pos = _rlong(buf, pos)
-        if n1437 < 0:
-            raise _length_error(n1437, end - pos)
-    else:
-        pos += 1
-    q1438 = pos + n1437
-    if q1438 > end:
-        raise _length_error(n1437, end - pos)
-    f_gang_id = buf[pos:q1438].decode()
-    pos = q1438
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
     else:
         acc1439: list[Any] = []
         while True:
@@ -6226,164 +5539,1211 @@ def _d_GangScheduled1435(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
                     pos += 3
                 else:
                     z1443, pos = _rlong(buf, pos)
-            if c1440 * 3 > end - pos:
+            if c1440 * 1 > end - pos:
                 raise _count_error(c1440, end - pos)
             for _ in range(c1440):
-                x1441, pos = _d_MemberPlacement1443(buf, pos, end)
+                n1444 = _ZL[buf[pos]]
+                if n1444 < 0:
+                    n1444, pos = _rlong(buf, pos)
+                    if n1444 < 0:
+                        raise _length_error(n1444, end - pos)
+                else:
+                    pos += 1
+                q1445 = pos + n1444
+                if q1445 > end:
+                    raise _length_error(n1444, end - pos)
+                x1441 = buf[pos:q1445].decode()
+                pos = q1445
                 acc1439.append(x1441)
-        f_members = tuple(acc1439)
-    f_gang, pos = _d_GangSpec1388(buf, pos, end)
+        f_preempted = tuple(acc1439)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
+    return o, pos
+
+
+def _d_PodEvicted1445(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1447 = _ZL[buf[pos]]
+    if n1447 < 0:
+        n1447, pos = _rlong(buf, pos)
+        if n1447 < 0:
+            raise _length_error(n1447, end - pos)
+    else:
+        pos += 1
+    q1448 = pos + n1447
+    if q1448 > end:
+        raise _length_error(n1447, end - pos)
+    f_pod_id = buf[pos:q1448].decode()
+    pos = q1448
+    n1449 = _ZL[buf[pos]]
+    if n1449 < 0:
+        n1449, pos = _rlong(buf, pos)
+        if n1449 < 0:
+            raise _length_error(n1449, end - pos)
+    else:
+        pos += 1
+    q1450 = pos + n1449
+    if q1450 > end:
+        raise _length_error(n1449, end - pos)
+    f_node_id = buf[pos:q1450].decode()
+    pos = q1450
+    n1451 = _ZL[buf[pos]]
+    if n1451 < 0:
+        n1451, pos = _rlong(buf, pos)
+        if n1451 < 0:
+            raise _length_error(n1451, end - pos)
+    else:
+        pos += 1
+    q1452 = pos + n1451
+    if q1452 > end:
+        raise _length_error(n1451, end - pos)
+    f_reason = buf[pos:q1452].decode()
+    pos = q1452
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1452(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1454 = _ZL[buf[pos]]
+    if n1454 < 0:
+        n1454, pos = _rlong(buf, pos)
+        if n1454 < 0:
+            raise _length_error(n1454, end - pos)
+    else:
+        pos += 1
+    q1455 = pos + n1454
+    if q1455 > end:
+        raise _length_error(n1454, end - pos)
+    f_pod_id = buf[pos:q1455].decode()
+    pos = q1455
     b = buf[pos]
     if b < 128:
-        i1454 = _ZD[b]
+        i1456 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1454 = (z >> 1) ^ -(z & 1)
+        i1456 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1454 = (z >> 1) ^ -(z & 1)
+        i1456 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1454, pos = _rlong(buf, pos)
-    if i1454 == 0:
+        i1456, pos = _rlong(buf, pos)
+    if i1456 == 0:
+        f_node_id = None
+    elif i1456 == 1:
+        n1457 = _ZL[buf[pos]]
+        if n1457 < 0:
+            n1457, pos = _rlong(buf, pos)
+            if n1457 < 0:
+                raise _length_error(n1457, end - pos)
+        else:
+            pos += 1
+        q1458 = pos + n1457
+        if q1458 > end:
+            raise _length_error(n1457, end - pos)
+        f_node_id = buf[pos:q1458].decode()
+        pos = q1458
+    else:
+        raise _union_error(i1456, 2)
+    n1459 = _ZL[buf[pos]]
+    if n1459 < 0:
+        n1459, pos = _rlong(buf, pos)
+        if n1459 < 0:
+            raise _length_error(n1459, end - pos)
+    else:
+        pos += 1
+    q1460 = pos + n1459
+    if q1460 > end:
+        raise _length_error(n1459, end - pos)
+    f_reason = buf[pos:q1460].decode()
+    pos = q1460
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1460(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
+    else:
+        pos += 1
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_policy = buf[pos:q1463].decode()
+    pos = q1463
+    n1464 = _ZL[buf[pos]]
+    if n1464 < 0:
+        n1464, pos = _rlong(buf, pos)
+        if n1464 < 0:
+            raise _length_error(n1464, end - pos)
+    else:
+        pos += 1
+    q1465 = pos + n1464
+    if q1465 > end:
+        raise _length_error(n1464, end - pos)
+    f_previous = buf[pos:q1465].decode()
+    pos = q1465
+    b = buf[pos]
+    if b < 128:
+        i1466 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1466 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1466 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1466, pos = _rlong(buf, pos)
+    if i1466 == 0:
+        f_reserve_after_ms = None
+    elif i1466 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1466, 2)
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
+    else:
+        pos += 1
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_queue_order = buf[pos:q1468].decode()
+    pos = q1468
+    b = buf[pos]
+    if b < 128:
+        i1469 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1469 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1469 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1469, pos = _rlong(buf, pos)
+    if i1469 == 0:
+        f_max_clock_jump_ms = None
+    elif i1469 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1469, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1469(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
+    f_message: str
+    n1471 = _ZL[buf[pos]]
+    if n1471 < 0:
+        n1471, pos = _rlong(buf, pos)
+        if n1471 < 0:
+            raise _length_error(n1471, end - pos)
+    else:
+        pos += 1
+    q1472 = pos + n1471
+    if q1472 > end:
+        raise _length_error(n1471, end - pos)
+    f_command_id = buf[pos:q1472].decode()
+    pos = q1472
+    n1473 = _ZL[buf[pos]]
+    if n1473 < 0:
+        n1473, pos = _rlong(buf, pos)
+        if n1473 < 0:
+            raise _length_error(n1473, end - pos)
+    else:
+        pos += 1
+    q1474 = pos + n1473
+    if q1474 > end:
+        raise _length_error(n1473, end - pos)
+    f_command_type = buf[pos:q1474].decode()
+    pos = q1474
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
+    else:
+        pos += 1
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_code = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
+    else:
+        pos += 1
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_message = buf[pos:q1478].decode()
+    pos = q1478
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1486(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    f_retry: Any
+    f_queued_at: Any
+    f_preemptible: bool
+    f_disruption: str
+    f_min_members_per_role: dict[str, Any]
+    n1488 = _ZL[buf[pos]]
+    if n1488 < 0:
+        n1488, pos = _rlong(buf, pos)
+        if n1488 < 0:
+            raise _length_error(n1488, end - pos)
+    else:
+        pos += 1
+    q1489 = pos + n1488
+    if q1489 > end:
+        raise _length_error(n1488, end - pos)
+    f_gang_id = buf[pos:q1489].decode()
+    pos = q1489
+    n1490 = _ZL[buf[pos]]
+    if n1490 < 0:
+        n1490, pos = _rlong(buf, pos)
+        if n1490 < 0:
+            raise _length_error(n1490, end - pos)
+    else:
+        pos += 1
+    q1491 = pos + n1490
+    if q1491 > end:
+        raise _length_error(n1490, end - pos)
+    f_tenant = buf[pos:q1491].decode()
+    pos = q1491
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1492: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1493 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1493 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1493 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1493, pos = _rlong(buf, pos)
+            if c1493 == 0:
+                break
+            if c1493 < 0:
+                c1493 = -c1493
+                b = buf[pos]
+                if b < 128:
+                    z1496 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1496 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1496 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1496, pos = _rlong(buf, pos)
+            if c1493 * 22 > end - pos:
+                raise _count_error(c1493, end - pos)
+            for _ in range(c1493):
+                x1494, pos = _d_PodSpec1358(buf, pos, end)
+                acc1492.append(x1494)
+        f_members = tuple(acc1492)
+    b = buf[pos]
+    if b < 128:
+        f_min_members = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_min_members = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1497 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1497 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1497 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1497, pos = _rlong(buf, pos)
+    if i1497 == 0:
+        f_topology_required = None
+    elif i1497 == 1:
+        n1498 = _ZL[buf[pos]]
+        if n1498 < 0:
+            n1498, pos = _rlong(buf, pos)
+            if n1498 < 0:
+                raise _length_error(n1498, end - pos)
+        else:
+            pos += 1
+        q1499 = pos + n1498
+        if q1499 > end:
+            raise _length_error(n1498, end - pos)
+        f_topology_required = buf[pos:q1499].decode()
+        pos = q1499
+    else:
+        raise _union_error(i1497, 2)
+    b = buf[pos]
+    if b < 128:
+        i1500 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1500, pos = _rlong(buf, pos)
+    if i1500 == 0:
+        f_topology_preferred = None
+    elif i1500 == 1:
+        n1501 = _ZL[buf[pos]]
+        if n1501 < 0:
+            n1501, pos = _rlong(buf, pos)
+            if n1501 < 0:
+                raise _length_error(n1501, end - pos)
+        else:
+            pos += 1
+        q1502 = pos + n1501
+        if q1502 > end:
+            raise _length_error(n1501, end - pos)
+        f_topology_preferred = buf[pos:q1502].decode()
+        pos = q1502
+    else:
+        raise _union_error(i1500, 2)
+    b = buf[pos]
+    if b < 128:
+        i1503 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1503 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1503 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1503, pos = _rlong(buf, pos)
+    if i1503 == 0:
+        f_timeout_ms = None
+    elif i1503 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1503, 2)
+    b = buf[pos]
+    if b < 128:
+        i1504 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1504 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1504 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1504, pos = _rlong(buf, pos)
+    if i1504 == 0:
+        f_time_limit_ms = None
+    elif i1504 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1504, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1505: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1506 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1506 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1506 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1506, pos = _rlong(buf, pos)
+            if c1506 == 0:
+                break
+            if c1506 < 0:
+                c1506 = -c1506
+                b = buf[pos]
+                if b < 128:
+                    z1509 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1509 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1509 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1509, pos = _rlong(buf, pos)
+            if c1506 * 1 > end - pos:
+                raise _count_error(c1506, end - pos)
+            for _ in range(c1506):
+                n1510 = _ZL[buf[pos]]
+                if n1510 < 0:
+                    n1510, pos = _rlong(buf, pos)
+                    if n1510 < 0:
+                        raise _length_error(n1510, end - pos)
+                else:
+                    pos += 1
+                q1511 = pos + n1510
+                if q1511 > end:
+                    raise _length_error(n1510, end - pos)
+                x1507 = buf[pos:q1511].decode()
+                pos = q1511
+                acc1505.append(x1507)
+        f_depends_on = tuple(acc1505)
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
+    else:
+        pos += 1
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_dependency = buf[pos:q1513].decode()
+    pos = q1513
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1514 = _ZL[buf[pos]]
+    if n1514 < 0:
+        n1514, pos = _rlong(buf, pos)
+        if n1514 < 0:
+            raise _length_error(n1514, end - pos)
+    else:
+        pos += 1
+    q1515 = pos + n1514
+    if q1515 > end:
+        raise _length_error(n1514, end - pos)
+    f_preemption = buf[pos:q1515].decode()
+    pos = q1515
+    b = buf[pos]
+    if b < 128:
+        i1516 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1516 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1516 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1516, pos = _rlong(buf, pos)
+    if i1516 == 0:
+        f_retry = None
+    elif i1516 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
+    else:
+        raise _union_error(i1516, 2)
+    b = buf[pos]
+    if b < 128:
+        i1517 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1517 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1517 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1517, pos = _rlong(buf, pos)
+    if i1517 == 0:
+        f_queued_at = None
+    elif i1517 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1517, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n1518 = _ZL[buf[pos]]
+    if n1518 < 0:
+        n1518, pos = _rlong(buf, pos)
+        if n1518 < 0:
+            raise _length_error(n1518, end - pos)
+    else:
+        pos += 1
+    q1519 = pos + n1518
+    if q1519 > end:
+        raise _length_error(n1518, end - pos)
+    f_disruption = buf[pos:q1519].decode()
+    pos = q1519
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc1520: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1521 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1521 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1521 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1521, pos = _rlong(buf, pos)
+            if c1521 == 0:
+                break
+            if c1521 < 0:
+                c1521 = -c1521
+                b = buf[pos]
+                if b < 128:
+                    z1524 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1524 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1524 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1524, pos = _rlong(buf, pos)
+            if c1521 * 2 > end - pos:
+                raise _count_error(c1521, end - pos)
+            for _ in range(c1521):
+                n1525 = _ZL[buf[pos]]
+                if n1525 < 0:
+                    n1525, pos = _rlong(buf, pos)
+                    if n1525 < 0:
+                        raise _length_error(n1525, end - pos)
+                else:
+                    pos += 1
+                q1526 = pos + n1525
+                if q1526 > end:
+                    raise _length_error(n1525, end - pos)
+                k1523 = buf[pos:q1526].decode()
+                pos = q1526
+                b = buf[pos]
+                if b < 128:
+                    x1522 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1522 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1522 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1522, pos = _rlong(buf, pos)
+                acc1520[k1523] = x1522
+        f_min_members_per_role = acc1520
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption, f_min_members_per_role)
+    return o, pos
+
+
+def _d_GangQueued1478(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1480 = _ZL[buf[pos]]
+    if n1480 < 0:
+        n1480, pos = _rlong(buf, pos)
+        if n1480 < 0:
+            raise _length_error(n1480, end - pos)
+    else:
+        pos += 1
+    q1481 = pos + n1480
+    if q1481 > end:
+        raise _length_error(n1480, end - pos)
+    f_gang_id = buf[pos:q1481].decode()
+    pos = q1481
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1482: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1483 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1483 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1483 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1483, pos = _rlong(buf, pos)
+            if c1483 == 0:
+                break
+            if c1483 < 0:
+                c1483 = -c1483
+                b = buf[pos]
+                if b < 128:
+                    z1486 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1486 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1486 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1486, pos = _rlong(buf, pos)
+            if c1483 * 3 > end - pos:
+                raise _count_error(c1483, end - pos)
+            for _ in range(c1483):
+                x1484, pos = _d_QueueReason1408(buf, pos, end)
+                acc1482.append(x1484)
+        f_reasons = tuple(acc1482)
+    f_gang, pos = _d_GangSpec1486(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1527: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1528 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1528 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1528 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1528, pos = _rlong(buf, pos)
+            if c1528 == 0:
+                break
+            if c1528 < 0:
+                c1528 = -c1528
+                b = buf[pos]
+                if b < 128:
+                    z1531 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1531 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1531 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1531, pos = _rlong(buf, pos)
+            if c1528 * 1 > end - pos:
+                raise _count_error(c1528, end - pos)
+            for _ in range(c1528):
+                n1532 = _ZL[buf[pos]]
+                if n1532 < 0:
+                    n1532, pos = _rlong(buf, pos)
+                    if n1532 < 0:
+                        raise _length_error(n1532, end - pos)
+                else:
+                    pos += 1
+                q1533 = pos + n1532
+                if q1533 > end:
+                    raise _length_error(n1532, end - pos)
+                x1529 = buf[pos:q1533].decode()
+                pos = q1533
+                acc1527.append(x1529)
+        f_waiting_for = tuple(acc1527)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1541(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1543 = _ZL[buf[pos]]
+    if n1543 < 0:
+        n1543, pos = _rlong(buf, pos)
+        if n1543 < 0:
+            raise _length_error(n1543, end - pos)
+    else:
+        pos += 1
+    q1544 = pos + n1543
+    if q1544 > end:
+        raise _length_error(n1543, end - pos)
+    f_pod_id = buf[pos:q1544].decode()
+    pos = q1544
+    n1545 = _ZL[buf[pos]]
+    if n1545 < 0:
+        n1545, pos = _rlong(buf, pos)
+        if n1545 < 0:
+            raise _length_error(n1545, end - pos)
+    else:
+        pos += 1
+    q1546 = pos + n1545
+    if q1546 > end:
+        raise _length_error(n1545, end - pos)
+    f_node_id = buf[pos:q1546].decode()
+    pos = q1546
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1547: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1548 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1548 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1548 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1548, pos = _rlong(buf, pos)
+            if c1548 == 0:
+                break
+            if c1548 < 0:
+                c1548 = -c1548
+                b = buf[pos]
+                if b < 128:
+                    z1551 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1551 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1551 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1551, pos = _rlong(buf, pos)
+            if c1548 * 2 > end - pos:
+                raise _count_error(c1548, end - pos)
+            for _ in range(c1548):
+                x1549, pos = _d_GpuShare1428(buf, pos, end)
+                acc1547.append(x1549)
+        f_gpus = tuple(acc1547)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1533(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+    f_gang_id: str
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
+    f_message: str
+    f_preempted: tuple[Any, ...]
+    n1535 = _ZL[buf[pos]]
+    if n1535 < 0:
+        n1535, pos = _rlong(buf, pos)
+        if n1535 < 0:
+            raise _length_error(n1535, end - pos)
+    else:
+        pos += 1
+    q1536 = pos + n1535
+    if q1536 > end:
+        raise _length_error(n1535, end - pos)
+    f_gang_id = buf[pos:q1536].decode()
+    pos = q1536
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1537: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1538 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1538 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1538 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1538, pos = _rlong(buf, pos)
+            if c1538 == 0:
+                break
+            if c1538 < 0:
+                c1538 = -c1538
+                b = buf[pos]
+                if b < 128:
+                    z1541 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1541 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1541 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1541, pos = _rlong(buf, pos)
+            if c1538 * 3 > end - pos:
+                raise _count_error(c1538, end - pos)
+            for _ in range(c1538):
+                x1539, pos = _d_MemberPlacement1541(buf, pos, end)
+                acc1537.append(x1539)
+        f_members = tuple(acc1537)
+    f_gang, pos = _d_GangSpec1486(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1552 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1552 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1552 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1552, pos = _rlong(buf, pos)
+    if i1552 == 0:
         f_topology_key = None
-    elif i1454 == 1:
-        n1455 = _ZL[buf[pos]]
-        if n1455 < 0:
-            n1455, pos = _rlong(buf, pos)
-            if n1455 < 0:
-                raise _length_error(n1455, end - pos)
+    elif i1552 == 1:
+        n1553 = _ZL[buf[pos]]
+        if n1553 < 0:
+            n1553, pos = _rlong(buf, pos)
+            if n1553 < 0:
+                raise _length_error(n1553, end - pos)
         else:
             pos += 1
-        q1456 = pos + n1455
-        if q1456 > end:
-            raise _length_error(n1455, end - pos)
-        f_topology_key = buf[pos:q1456].decode()
-        pos = q1456
+        q1554 = pos + n1553
+        if q1554 > end:
+            raise _length_error(n1553, end - pos)
+        f_topology_key = buf[pos:q1554].decode()
+        pos = q1554
     else:
-        raise _union_error(i1454, 2)
+        raise _union_error(i1552, 2)
     b = buf[pos]
     if b < 128:
-        i1457 = _ZD[b]
+        i1555 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1457 = (z >> 1) ^ -(z & 1)
+        i1555 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1457 = (z >> 1) ^ -(z & 1)
+        i1555 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1457, pos = _rlong(buf, pos)
-    if i1457 == 0:
+        i1555, pos = _rlong(buf, pos)
+    if i1555 == 0:
         f_domain = None
-    elif i1457 == 1:
-        n1458 = _ZL[buf[pos]]
-        if n1458 < 0:
-            n1458, pos = _rlong(buf, pos)
-            if n1458 < 0:
-                raise _length_error(n1458, end - pos)
+    elif i1555 == 1:
+        n1556 = _ZL[buf[pos]]
+        if n1556 < 0:
+            n1556, pos = _rlong(buf, pos)
+            if n1556 < 0:
+                raise _length_error(n1556, end - pos)
         else:
             pos += 1
-        q1459 = pos + n1458
-        if q1459 > end:
-            raise _length_error(n1458, end - pos)
-        f_domain = buf[pos:q1459].decode()
-        pos = q1459
+        q1557 = pos + n1556
+        if q1557 > end:
+            raise _length_error(n1556, end - pos)
+        f_domain = buf[pos:q1557].decode()
+        pos = q1557
     else:
-        raise _union_error(i1457, 2)
+        raise _union_error(i1555, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1460 = _ZL[buf[pos]]
-    if n1460 < 0:
-        n1460, pos = _rlong(buf, pos)
-        if n1460 < 0:
-            raise _length_error(n1460, end - pos)
+    n1558 = _ZL[buf[pos]]
+    if n1558 < 0:
+        n1558, pos = _rlong(buf, pos)
+        if n1558 < 0:
+            raise _length_error(n1558, end - pos)
     else:
         pos += 1
-    q1461 = pos + n1460
-    if q1461 > end:
-        raise _length_error(n1460, end - pos)
-    f_message = buf[pos:q1461].decode()
-    pos = q1461
+    q1559 = pos + n1558
+    if q1559 > end:
+        raise _length_error(n1558, end - pos)
+    f_message = buf[pos:q1559].decode()
+    pos = q1559
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1462: list[Any] = []
+        acc1560: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1463 = _ZD[b]
+                c1561 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1463 = (z >> 1) ^ -(z & 1)
+                c1561 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1463 = (z >> 1) ^ -(z & 1)
+                c1561 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1463, pos = _rlong(buf, pos)
-            if c1463 == 0:
+                c1561, pos = _rlong(buf, pos)
+            if c1561 == 0:
                 break
-            if c1463 < 0:
-                c1463 = -c1463
+            if c1561 < 0:
+                c1561 = -c1561
                 b = buf[pos]
                 if b < 128:
-                    z1466 = _ZD[b]
+                    z1564 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1466 = (z >> 1) ^ -(z & 1)
+                    z1564 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1466 = (z >> 1) ^ -(z & 1)
+                    z1564 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1466, pos = _rlong(buf, pos)
-            if c1463 * 1 > end - pos:
-                raise _count_error(c1463, end - pos)
-            for _ in range(c1463):
-                n1467 = _ZL[buf[pos]]
-                if n1467 < 0:
-                    n1467, pos = _rlong(buf, pos)
-                    if n1467 < 0:
-                        raise _length_error(n1467, end - pos)
+                    z1564, pos = _rlong(buf, pos)
+            if c1561 * 1 > end - pos:
+                raise _count_error(c1561, end - pos)
+            for _ in range(c1561):
+                n1565 = _ZL[buf[pos]]
+                if n1565 < 0:
+                    n1565, pos = _rlong(buf, pos)
+                    if n1565 < 0:
+                        raise _length_error(n1565, end - pos)
                 else:
                     pos += 1
-                q1468 = pos + n1467
-                if q1468 > end:
-                    raise _length_error(n1467, end - pos)
-                x1464 = buf[pos:q1468].decode()
-                pos = q1468
-                acc1462.append(x1464)
-        f_preempted = tuple(acc1462)
+                q1566 = pos + n1565
+                if q1566 > end:
+                    raise _length_error(n1565, end - pos)
+                x1562 = buf[pos:q1566].decode()
+                pos = q1566
+                acc1560.append(x1562)
+        f_preempted = tuple(acc1560)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1468(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1566(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
+    n1568 = _ZL[buf[pos]]
+    if n1568 < 0:
+        n1568, pos = _rlong(buf, pos)
+        if n1568 < 0:
+            raise _length_error(n1568, end - pos)
     else:
         pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_gang_id = buf[pos:q1471].decode()
-    pos = q1471
+    q1569 = pos + n1568
+    if q1569 > end:
+        raise _length_error(n1568, end - pos)
+    f_gang_id = buf[pos:q1569].decode()
+    pos = q1569
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -6398,141 +6758,141 @@ def _d_GangTimedOut1468(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1472 = _ZL[buf[pos]]
-    if n1472 < 0:
-        n1472, pos = _rlong(buf, pos)
-        if n1472 < 0:
-            raise _length_error(n1472, end - pos)
+    n1570 = _ZL[buf[pos]]
+    if n1570 < 0:
+        n1570, pos = _rlong(buf, pos)
+        if n1570 < 0:
+            raise _length_error(n1570, end - pos)
     else:
         pos += 1
-    q1473 = pos + n1472
-    if q1473 > end:
-        raise _length_error(n1472, end - pos)
-    f_message = buf[pos:q1473].decode()
-    pos = q1473
+    q1571 = pos + n1570
+    if q1571 > end:
+        raise _length_error(n1570, end - pos)
+    f_message = buf[pos:q1571].decode()
+    pos = q1571
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1473(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1571(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1573 = _ZL[buf[pos]]
+    if n1573 < 0:
+        n1573, pos = _rlong(buf, pos)
+        if n1573 < 0:
+            raise _length_error(n1573, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_gang_id = buf[pos:q1476].decode()
-    pos = q1476
-    n1477 = _ZL[buf[pos]]
-    if n1477 < 0:
-        n1477, pos = _rlong(buf, pos)
-        if n1477 < 0:
-            raise _length_error(n1477, end - pos)
+    q1574 = pos + n1573
+    if q1574 > end:
+        raise _length_error(n1573, end - pos)
+    f_gang_id = buf[pos:q1574].decode()
+    pos = q1574
+    n1575 = _ZL[buf[pos]]
+    if n1575 < 0:
+        n1575, pos = _rlong(buf, pos)
+        if n1575 < 0:
+            raise _length_error(n1575, end - pos)
     else:
         pos += 1
-    q1478 = pos + n1477
-    if q1478 > end:
-        raise _length_error(n1477, end - pos)
-    f_reason = buf[pos:q1478].decode()
-    pos = q1478
+    q1576 = pos + n1575
+    if q1576 > end:
+        raise _length_error(n1575, end - pos)
+    f_reason = buf[pos:q1576].decode()
+    pos = q1576
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1479: list[Any] = []
+        acc1577: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1480 = _ZD[b]
+                c1578 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1480 = (z >> 1) ^ -(z & 1)
+                c1578 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1480 = (z >> 1) ^ -(z & 1)
+                c1578 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1480, pos = _rlong(buf, pos)
-            if c1480 == 0:
+                c1578, pos = _rlong(buf, pos)
+            if c1578 == 0:
                 break
-            if c1480 < 0:
-                c1480 = -c1480
+            if c1578 < 0:
+                c1578 = -c1578
                 b = buf[pos]
                 if b < 128:
-                    z1483 = _ZD[b]
+                    z1581 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1483 = (z >> 1) ^ -(z & 1)
+                    z1581 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1483 = (z >> 1) ^ -(z & 1)
+                    z1581 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1483, pos = _rlong(buf, pos)
-            if c1480 * 1 > end - pos:
-                raise _count_error(c1480, end - pos)
-            for _ in range(c1480):
-                n1484 = _ZL[buf[pos]]
-                if n1484 < 0:
-                    n1484, pos = _rlong(buf, pos)
-                    if n1484 < 0:
-                        raise _length_error(n1484, end - pos)
+                    z1581, pos = _rlong(buf, pos)
+            if c1578 * 1 > end - pos:
+                raise _count_error(c1578, end - pos)
+            for _ in range(c1578):
+                n1582 = _ZL[buf[pos]]
+                if n1582 < 0:
+                    n1582, pos = _rlong(buf, pos)
+                    if n1582 < 0:
+                        raise _length_error(n1582, end - pos)
                 else:
                     pos += 1
-                q1485 = pos + n1484
-                if q1485 > end:
-                    raise _length_error(n1484, end - pos)
-                x1481 = buf[pos:q1485].decode()
-                pos = q1485
-                acc1479.append(x1481)
-        f_members_ended = tuple(acc1479)
+                q1583 = pos + n1582
+                if q1583 > end:
+                    raise _length_error(n1582, end - pos)
+                x1579 = buf[pos:q1583].decode()
+                pos = q1583
+                acc1577.append(x1579)
+        f_members_ended = tuple(acc1577)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1485(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1583(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1487 = _ZL[buf[pos]]
-    if n1487 < 0:
-        n1487, pos = _rlong(buf, pos)
-        if n1487 < 0:
-            raise _length_error(n1487, end - pos)
+    n1585 = _ZL[buf[pos]]
+    if n1585 < 0:
+        n1585, pos = _rlong(buf, pos)
+        if n1585 < 0:
+            raise _length_error(n1585, end - pos)
     else:
         pos += 1
-    q1488 = pos + n1487
-    if q1488 > end:
-        raise _length_error(n1487, end - pos)
-    f_pod_id = buf[pos:q1488].decode()
-    pos = q1488
-    n1489 = _ZL[buf[pos]]
-    if n1489 < 0:
-        n1489, pos = _rlong(buf, pos)
-        if n1489 < 0:
-            raise _length_error(n1489, end - pos)
+    q1586 = pos + n1585
+    if q1586 > end:
+        raise _length_error(n1585, end - pos)
+    f_pod_id = buf[pos:q1586].decode()
+    pos = q1586
+    n1587 = _ZL[buf[pos]]
+    if n1587 < 0:
+        n1587, pos = _rlong(buf, pos)
+        if n1587 < 0:
+            raise _length_error(n1587, end - pos)
     else:
         pos += 1
-    q1490 = pos + n1489
-    if q1490 > end:
-        raise _length_error(n1489, end - pos)
-    f_node_id = buf[pos:q1490].decode()
-    pos = q1490
+    q1588 = pos + n1587
+    if q1588 > end:
+        raise _length_error(n1587, end - pos)
+    f_node_id = buf[pos:q1588].decode()
+    pos = q1588
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6549,141 +6909,141 @@ def _d_PodTimeLimitReached1485(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1491 = _ZD[b]
+        i1589 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1491 = (z >> 1) ^ -(z & 1)
+        i1589 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1491 = (z >> 1) ^ -(z & 1)
+        i1589 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1491, pos = _rlong(buf, pos)
-    if i1491 == 0:
+        i1589, pos = _rlong(buf, pos)
+    if i1589 == 0:
         f_gang_id = None
-    elif i1491 == 1:
-        n1492 = _ZL[buf[pos]]
-        if n1492 < 0:
-            n1492, pos = _rlong(buf, pos)
-            if n1492 < 0:
-                raise _length_error(n1492, end - pos)
+    elif i1589 == 1:
+        n1590 = _ZL[buf[pos]]
+        if n1590 < 0:
+            n1590, pos = _rlong(buf, pos)
+            if n1590 < 0:
+                raise _length_error(n1590, end - pos)
         else:
             pos += 1
-        q1493 = pos + n1492
-        if q1493 > end:
-            raise _length_error(n1492, end - pos)
-        f_gang_id = buf[pos:q1493].decode()
-        pos = q1493
+        q1591 = pos + n1590
+        if q1591 > end:
+            raise _length_error(n1590, end - pos)
+        f_gang_id = buf[pos:q1591].decode()
+        pos = q1591
     else:
-        raise _union_error(i1491, 2)
+        raise _union_error(i1589, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1493(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1591(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1495 = _ZL[buf[pos]]
-    if n1495 < 0:
-        n1495, pos = _rlong(buf, pos)
-        if n1495 < 0:
-            raise _length_error(n1495, end - pos)
+    n1593 = _ZL[buf[pos]]
+    if n1593 < 0:
+        n1593, pos = _rlong(buf, pos)
+        if n1593 < 0:
+            raise _length_error(n1593, end - pos)
     else:
         pos += 1
-    q1496 = pos + n1495
-    if q1496 > end:
-        raise _length_error(n1495, end - pos)
-    f_holder_id = buf[pos:q1496].decode()
-    pos = q1496
-    n1497 = _ZL[buf[pos]]
-    if n1497 < 0:
-        n1497, pos = _rlong(buf, pos)
-        if n1497 < 0:
-            raise _length_error(n1497, end - pos)
+    q1594 = pos + n1593
+    if q1594 > end:
+        raise _length_error(n1593, end - pos)
+    f_holder_id = buf[pos:q1594].decode()
+    pos = q1594
+    n1595 = _ZL[buf[pos]]
+    if n1595 < 0:
+        n1595, pos = _rlong(buf, pos)
+        if n1595 < 0:
+            raise _length_error(n1595, end - pos)
     else:
         pos += 1
-    q1498 = pos + n1497
-    if q1498 > end:
-        raise _length_error(n1497, end - pos)
-    f_holder_kind = buf[pos:q1498].decode()
-    pos = q1498
+    q1596 = pos + n1595
+    if q1596 > end:
+        raise _length_error(n1595, end - pos)
+    f_holder_kind = buf[pos:q1596].decode()
+    pos = q1596
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1499: list[Any] = []
+        acc1597: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1500 = _ZD[b]
+                c1598 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1500 = (z >> 1) ^ -(z & 1)
+                c1598 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1500 = (z >> 1) ^ -(z & 1)
+                c1598 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1500, pos = _rlong(buf, pos)
-            if c1500 == 0:
+                c1598, pos = _rlong(buf, pos)
+            if c1598 == 0:
                 break
-            if c1500 < 0:
-                c1500 = -c1500
+            if c1598 < 0:
+                c1598 = -c1598
                 b = buf[pos]
                 if b < 128:
-                    z1503 = _ZD[b]
+                    z1601 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1503 = (z >> 1) ^ -(z & 1)
+                    z1601 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1503 = (z >> 1) ^ -(z & 1)
+                    z1601 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1503, pos = _rlong(buf, pos)
-            if c1500 * 1 > end - pos:
-                raise _count_error(c1500, end - pos)
-            for _ in range(c1500):
-                n1504 = _ZL[buf[pos]]
-                if n1504 < 0:
-                    n1504, pos = _rlong(buf, pos)
-                    if n1504 < 0:
-                        raise _length_error(n1504, end - pos)
+                    z1601, pos = _rlong(buf, pos)
+            if c1598 * 1 > end - pos:
+                raise _count_error(c1598, end - pos)
+            for _ in range(c1598):
+                n1602 = _ZL[buf[pos]]
+                if n1602 < 0:
+                    n1602, pos = _rlong(buf, pos)
+                    if n1602 < 0:
+                        raise _length_error(n1602, end - pos)
                 else:
                     pos += 1
-                q1505 = pos + n1504
-                if q1505 > end:
-                    raise _length_error(n1504, end - pos)
-                x1501 = buf[pos:q1505].decode()
-                pos = q1505
-                acc1499.append(x1501)
-        f_nodes = tuple(acc1499)
+                q1603 = pos + n1602
+                if q1603 > end:
+                    raise _length_error(n1602, end - pos)
+                x1599 = buf[pos:q1603].decode()
+                pos = q1603
+                acc1597.append(x1599)
+        f_nodes = tuple(acc1597)
     b = buf[pos]
     if b < 128:
-        i1506 = _ZD[b]
+        i1604 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1506 = (z >> 1) ^ -(z & 1)
+        i1604 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1506 = (z >> 1) ^ -(z & 1)
+        i1604 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1506, pos = _rlong(buf, pos)
-    if i1506 == 0:
+        i1604, pos = _rlong(buf, pos)
+    if i1604 == 0:
         f_expected_start = None
-    elif i1506 == 1:
+    elif i1604 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6699,194 +7059,194 @@ def _d_NodesReserved1493(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1506, 2)
-    n1507 = _ZL[buf[pos]]
-    if n1507 < 0:
-        n1507, pos = _rlong(buf, pos)
-        if n1507 < 0:
-            raise _length_error(n1507, end - pos)
+        raise _union_error(i1604, 2)
+    n1605 = _ZL[buf[pos]]
+    if n1605 < 0:
+        n1605, pos = _rlong(buf, pos)
+        if n1605 < 0:
+            raise _length_error(n1605, end - pos)
     else:
         pos += 1
-    q1508 = pos + n1507
-    if q1508 > end:
-        raise _length_error(n1507, end - pos)
-    f_message = buf[pos:q1508].decode()
-    pos = q1508
+    q1606 = pos + n1605
+    if q1606 > end:
+        raise _length_error(n1605, end - pos)
+    f_message = buf[pos:q1606].decode()
+    pos = q1606
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1508(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1606(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1510 = _ZL[buf[pos]]
-    if n1510 < 0:
-        n1510, pos = _rlong(buf, pos)
-        if n1510 < 0:
-            raise _length_error(n1510, end - pos)
+    n1608 = _ZL[buf[pos]]
+    if n1608 < 0:
+        n1608, pos = _rlong(buf, pos)
+        if n1608 < 0:
+            raise _length_error(n1608, end - pos)
     else:
         pos += 1
-    q1511 = pos + n1510
-    if q1511 > end:
-        raise _length_error(n1510, end - pos)
-    f_holder_id = buf[pos:q1511].decode()
-    pos = q1511
-    n1512 = _ZL[buf[pos]]
-    if n1512 < 0:
-        n1512, pos = _rlong(buf, pos)
-        if n1512 < 0:
-            raise _length_error(n1512, end - pos)
+    q1609 = pos + n1608
+    if q1609 > end:
+        raise _length_error(n1608, end - pos)
+    f_holder_id = buf[pos:q1609].decode()
+    pos = q1609
+    n1610 = _ZL[buf[pos]]
+    if n1610 < 0:
+        n1610, pos = _rlong(buf, pos)
+        if n1610 < 0:
+            raise _length_error(n1610, end - pos)
     else:
         pos += 1
-    q1513 = pos + n1512
-    if q1513 > end:
-        raise _length_error(n1512, end - pos)
-    f_holder_kind = buf[pos:q1513].decode()
-    pos = q1513
+    q1611 = pos + n1610
+    if q1611 > end:
+        raise _length_error(n1610, end - pos)
+    f_holder_kind = buf[pos:q1611].decode()
+    pos = q1611
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1514: list[Any] = []
+        acc1612: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1515 = _ZD[b]
+                c1613 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1515 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1515 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1515, pos = _rlong(buf, pos)
-            if c1515 == 0:
+                c1613, pos = _rlong(buf, pos)
+            if c1613 == 0:
                 break
-            if c1515 < 0:
-                c1515 = -c1515
+            if c1613 < 0:
+                c1613 = -c1613
                 b = buf[pos]
                 if b < 128:
-                    z1518 = _ZD[b]
+                    z1616 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1518 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1518 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1518, pos = _rlong(buf, pos)
-            if c1515 * 1 > end - pos:
-                raise _count_error(c1515, end - pos)
-            for _ in range(c1515):
-                n1519 = _ZL[buf[pos]]
-                if n1519 < 0:
-                    n1519, pos = _rlong(buf, pos)
-                    if n1519 < 0:
-                        raise _length_error(n1519, end - pos)
+                    z1616, pos = _rlong(buf, pos)
+            if c1613 * 1 > end - pos:
+                raise _count_error(c1613, end - pos)
+            for _ in range(c1613):
+                n1617 = _ZL[buf[pos]]
+                if n1617 < 0:
+                    n1617, pos = _rlong(buf, pos)
+                    if n1617 < 0:
+                        raise _length_error(n1617, end - pos)
                 else:
                     pos += 1
-                q1520 = pos + n1519
-                if q1520 > end:
-                    raise _length_error(n1519, end - pos)
-                x1516 = buf[pos:q1520].decode()
-                pos = q1520
-                acc1514.append(x1516)
-        f_nodes = tuple(acc1514)
-    n1521 = _ZL[buf[pos]]
-    if n1521 < 0:
-        n1521, pos = _rlong(buf, pos)
-        if n1521 < 0:
-            raise _length_error(n1521, end - pos)
+                q1618 = pos + n1617
+                if q1618 > end:
+                    raise _length_error(n1617, end - pos)
+                x1614 = buf[pos:q1618].decode()
+                pos = q1618
+                acc1612.append(x1614)
+        f_nodes = tuple(acc1612)
+    n1619 = _ZL[buf[pos]]
+    if n1619 < 0:
+        n1619, pos = _rlong(buf, pos)
+        if n1619 < 0:
+            raise _length_error(n1619, end - pos)
     else:
         pos += 1
-    q1522 = pos + n1521
-    if q1522 > end:
-        raise _length_error(n1521, end - pos)
-    f_reason = buf[pos:q1522].decode()
-    pos = q1522
-    n1523 = _ZL[buf[pos]]
-    if n1523 < 0:
-        n1523, pos = _rlong(buf, pos)
-        if n1523 < 0:
-            raise _length_error(n1523, end - pos)
+    q1620 = pos + n1619
+    if q1620 > end:
+        raise _length_error(n1619, end - pos)
+    f_reason = buf[pos:q1620].decode()
+    pos = q1620
+    n1621 = _ZL[buf[pos]]
+    if n1621 < 0:
+        n1621, pos = _rlong(buf, pos)
+        if n1621 < 0:
+            raise _length_error(n1621, end - pos)
     else:
         pos += 1
-    q1524 = pos + n1523
-    if q1524 > end:
-        raise _length_error(n1523, end - pos)
-    f_message = buf[pos:q1524].decode()
-    pos = q1524
+    q1622 = pos + n1621
+    if q1622 > end:
+        raise _length_error(n1621, end - pos)
+    f_message = buf[pos:q1622].decode()
+    pos = q1622
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1524(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1622(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1526 = _ZL[buf[pos]]
-    if n1526 < 0:
-        n1526, pos = _rlong(buf, pos)
-        if n1526 < 0:
-            raise _length_error(n1526, end - pos)
+    n1624 = _ZL[buf[pos]]
+    if n1624 < 0:
+        n1624, pos = _rlong(buf, pos)
+        if n1624 < 0:
+            raise _length_error(n1624, end - pos)
     else:
         pos += 1
-    q1527 = pos + n1526
-    if q1527 > end:
-        raise _length_error(n1526, end - pos)
-    f_holder_id = buf[pos:q1527].decode()
-    pos = q1527
-    n1528 = _ZL[buf[pos]]
-    if n1528 < 0:
-        n1528, pos = _rlong(buf, pos)
-        if n1528 < 0:
-            raise _length_error(n1528, end - pos)
+    q1625 = pos + n1624
+    if q1625 > end:
+        raise _length_error(n1624, end - pos)
+    f_holder_id = buf[pos:q1625].decode()
+    pos = q1625
+    n1626 = _ZL[buf[pos]]
+    if n1626 < 0:
+        n1626, pos = _rlong(buf, pos)
+        if n1626 < 0:
+            raise _length_error(n1626, end - pos)
     else:
         pos += 1
-    q1529 = pos + n1528
-    if q1529 > end:
-        raise _length_error(n1528, end - pos)
-    f_holder_kind = buf[pos:q1529].decode()
-    pos = q1529
-    n1530 = _ZL[buf[pos]]
-    if n1530 < 0:
-        n1530, pos = _rlong(buf, pos)
-        if n1530 < 0:
-            raise _length_error(n1530, end - pos)
+    q1627 = pos + n1626
+    if q1627 > end:
+        raise _length_error(n1626, end - pos)
+    f_holder_kind = buf[pos:q1627].decode()
+    pos = q1627
+    n1628 = _ZL[buf[pos]]
+    if n1628 < 0:
+        n1628, pos = _rlong(buf, pos)
+        if n1628 < 0:
+            raise _length_error(n1628, end - pos)
     else:
         pos += 1
-    q1531 = pos + n1530
-    if q1531 > end:
-        raise _length_error(n1530, end - pos)
-    f_dependency_id = buf[pos:q1531].decode()
-    pos = q1531
-    n1532 = _ZL[buf[pos]]
-    if n1532 < 0:
-        n1532, pos = _rlong(buf, pos)
-        if n1532 < 0:
-            raise _length_error(n1532, end - pos)
+    q1629 = pos + n1628
+    if q1629 > end:
+        raise _length_error(n1628, end - pos)
+    f_dependency_id = buf[pos:q1629].decode()
+    pos = q1629
+    n1630 = _ZL[buf[pos]]
+    if n1630 < 0:
+        n1630, pos = _rlong(buf, pos)
+        if n1630 < 0:
+            raise _length_error(n1630, end - pos)
     else:
         pos += 1
-    q1533 = pos + n1532
-    if q1533 > end:
-        raise _length_error(n1532, end - pos)
-    f_message = buf[pos:q1533].decode()
-    pos = q1533
+    q1631 = pos + n1630
+    if q1631 > end:
+        raise _length_error(n1630, end - pos)
+    f_message = buf[pos:q1631].decode()
+    pos = q1631
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1533(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1631(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6909,169 +7269,169 @@ def _d_Ticked1533(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1534(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1632(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1536 = _ZL[buf[pos]]
-    if n1536 < 0:
-        n1536, pos = _rlong(buf, pos)
-        if n1536 < 0:
-            raise _length_error(n1536, end - pos)
+    n1634 = _ZL[buf[pos]]
+    if n1634 < 0:
+        n1634, pos = _rlong(buf, pos)
+        if n1634 < 0:
+            raise _length_error(n1634, end - pos)
     else:
         pos += 1
-    q1537 = pos + n1536
-    if q1537 > end:
-        raise _length_error(n1536, end - pos)
-    f_pod_id = buf[pos:q1537].decode()
-    pos = q1537
-    n1538 = _ZL[buf[pos]]
-    if n1538 < 0:
-        n1538, pos = _rlong(buf, pos)
-        if n1538 < 0:
-            raise _length_error(n1538, end - pos)
+    q1635 = pos + n1634
+    if q1635 > end:
+        raise _length_error(n1634, end - pos)
+    f_pod_id = buf[pos:q1635].decode()
+    pos = q1635
+    n1636 = _ZL[buf[pos]]
+    if n1636 < 0:
+        n1636, pos = _rlong(buf, pos)
+        if n1636 < 0:
+            raise _length_error(n1636, end - pos)
     else:
         pos += 1
-    q1539 = pos + n1538
-    if q1539 > end:
-        raise _length_error(n1538, end - pos)
-    f_node_id = buf[pos:q1539].decode()
-    pos = q1539
-    n1540 = _ZL[buf[pos]]
-    if n1540 < 0:
-        n1540, pos = _rlong(buf, pos)
-        if n1540 < 0:
-            raise _length_error(n1540, end - pos)
+    q1637 = pos + n1636
+    if q1637 > end:
+        raise _length_error(n1636, end - pos)
+    f_node_id = buf[pos:q1637].decode()
+    pos = q1637
+    n1638 = _ZL[buf[pos]]
+    if n1638 < 0:
+        n1638, pos = _rlong(buf, pos)
+        if n1638 < 0:
+            raise _length_error(n1638, end - pos)
     else:
         pos += 1
-    q1541 = pos + n1540
-    if q1541 > end:
-        raise _length_error(n1540, end - pos)
-    f_by = buf[pos:q1541].decode()
-    pos = q1541
-    n1542 = _ZL[buf[pos]]
-    if n1542 < 0:
-        n1542, pos = _rlong(buf, pos)
-        if n1542 < 0:
-            raise _length_error(n1542, end - pos)
+    q1639 = pos + n1638
+    if q1639 > end:
+        raise _length_error(n1638, end - pos)
+    f_by = buf[pos:q1639].decode()
+    pos = q1639
+    n1640 = _ZL[buf[pos]]
+    if n1640 < 0:
+        n1640, pos = _rlong(buf, pos)
+        if n1640 < 0:
+            raise _length_error(n1640, end - pos)
     else:
         pos += 1
-    q1543 = pos + n1542
-    if q1543 > end:
-        raise _length_error(n1542, end - pos)
-    f_reason = buf[pos:q1543].decode()
-    pos = q1543
-    n1544 = _ZL[buf[pos]]
-    if n1544 < 0:
-        n1544, pos = _rlong(buf, pos)
-        if n1544 < 0:
-            raise _length_error(n1544, end - pos)
+    q1641 = pos + n1640
+    if q1641 > end:
+        raise _length_error(n1640, end - pos)
+    f_reason = buf[pos:q1641].decode()
+    pos = q1641
+    n1642 = _ZL[buf[pos]]
+    if n1642 < 0:
+        n1642, pos = _rlong(buf, pos)
+        if n1642 < 0:
+            raise _length_error(n1642, end - pos)
     else:
         pos += 1
-    q1545 = pos + n1544
-    if q1545 > end:
-        raise _length_error(n1544, end - pos)
-    f_message = buf[pos:q1545].decode()
-    pos = q1545
+    q1643 = pos + n1642
+    if q1643 > end:
+        raise _length_error(n1642, end - pos)
+    f_message = buf[pos:q1643].decode()
+    pos = q1643
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1545(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1643(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1547 = _ZD[b]
+        i1645 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1547 = (z >> 1) ^ -(z & 1)
+        i1645 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1547 = (z >> 1) ^ -(z & 1)
+        i1645 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1547, pos = _rlong(buf, pos)
-    if i1547 == 0:
+        i1645, pos = _rlong(buf, pos)
+    if i1645 == 0:
         f_tenant = None
-    elif i1547 == 1:
-        n1548 = _ZL[buf[pos]]
-        if n1548 < 0:
-            n1548, pos = _rlong(buf, pos)
-            if n1548 < 0:
-                raise _length_error(n1548, end - pos)
+    elif i1645 == 1:
+        n1646 = _ZL[buf[pos]]
+        if n1646 < 0:
+            n1646, pos = _rlong(buf, pos)
+            if n1646 < 0:
+                raise _length_error(n1646, end - pos)
         else:
             pos += 1
-        q1549 = pos + n1548
-        if q1549 > end:
-            raise _length_error(n1548, end - pos)
-        f_tenant = buf[pos:q1549].decode()
-        pos = q1549
+        q1647 = pos + n1646
+        if q1647 > end:
+            raise _length_error(n1646, end - pos)
+        f_tenant = buf[pos:q1647].decode()
+        pos = q1647
     else:
-        raise _union_error(i1547, 2)
+        raise _union_error(i1645, 2)
     b = buf[pos]
     if b < 128:
-        i1550 = _ZD[b]
+        i1648 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1550 = (z >> 1) ^ -(z & 1)
+        i1648 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1550 = (z >> 1) ^ -(z & 1)
+        i1648 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1550, pos = _rlong(buf, pos)
-    if i1550 == 0:
+        i1648, pos = _rlong(buf, pos)
+    if i1648 == 0:
         f_quota = None
-    elif i1550 == 1:
-        f_quota, pos = _d_Quota463(buf, pos, end)
+    elif i1648 == 1:
+        f_quota, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i1550, 2)
+        raise _union_error(i1648, 2)
     b = buf[pos]
     if b < 128:
-        i1551 = _ZD[b]
+        i1649 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1551 = (z >> 1) ^ -(z & 1)
+        i1649 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1551 = (z >> 1) ^ -(z & 1)
+        i1649 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1551, pos = _rlong(buf, pos)
-    if i1551 == 0:
+        i1649, pos = _rlong(buf, pos)
+    if i1649 == 0:
         f_previous = None
-    elif i1551 == 1:
-        f_previous, pos = _d_Quota463(buf, pos, end)
+    elif i1649 == 1:
+        f_previous, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i1551, 2)
-    n1552 = _ZL[buf[pos]]
-    if n1552 < 0:
-        n1552, pos = _rlong(buf, pos)
-        if n1552 < 0:
-            raise _length_error(n1552, end - pos)
+        raise _union_error(i1649, 2)
+    n1650 = _ZL[buf[pos]]
+    if n1650 < 0:
+        n1650, pos = _rlong(buf, pos)
+        if n1650 < 0:
+            raise _length_error(n1650, end - pos)
     else:
         pos += 1
-    q1553 = pos + n1552
-    if q1553 > end:
-        raise _length_error(n1552, end - pos)
-    f_message = buf[pos:q1553].decode()
-    pos = q1553
+    q1651 = pos + n1650
+    if q1651 > end:
+        raise _length_error(n1650, end - pos)
+    f_message = buf[pos:q1651].decode()
+    pos = q1651
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1553(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1651(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -7079,159 +7439,159 @@ def _d_PodMigrated1553(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1555 = _ZL[buf[pos]]
-    if n1555 < 0:
-        n1555, pos = _rlong(buf, pos)
-        if n1555 < 0:
-            raise _length_error(n1555, end - pos)
+    n1653 = _ZL[buf[pos]]
+    if n1653 < 0:
+        n1653, pos = _rlong(buf, pos)
+        if n1653 < 0:
+            raise _length_error(n1653, end - pos)
     else:
         pos += 1
-    q1556 = pos + n1555
-    if q1556 > end:
-        raise _length_error(n1555, end - pos)
-    f_pod_id = buf[pos:q1556].decode()
-    pos = q1556
-    n1557 = _ZL[buf[pos]]
-    if n1557 < 0:
-        n1557, pos = _rlong(buf, pos)
-        if n1557 < 0:
-            raise _length_error(n1557, end - pos)
+    q1654 = pos + n1653
+    if q1654 > end:
+        raise _length_error(n1653, end - pos)
+    f_pod_id = buf[pos:q1654].decode()
+    pos = q1654
+    n1655 = _ZL[buf[pos]]
+    if n1655 < 0:
+        n1655, pos = _rlong(buf, pos)
+        if n1655 < 0:
+            raise _length_error(n1655, end - pos)
     else:
         pos += 1
-    q1558 = pos + n1557
-    if q1558 > end:
-        raise _length_error(n1557, end - pos)
-    f_from_node = buf[pos:q1558].decode()
-    pos = q1558
+    q1656 = pos + n1655
+    if q1656 > end:
+        raise _length_error(n1655, end - pos)
+    f_from_node = buf[pos:q1656].decode()
+    pos = q1656
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1559: list[Any] = []
+        acc1657: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1560 = _ZD[b]
+                c1658 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1560 = (z >> 1) ^ -(z & 1)
+                c1658 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1560 = (z >> 1) ^ -(z & 1)
+                c1658 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1560, pos = _rlong(buf, pos)
-            if c1560 == 0:
+                c1658, pos = _rlong(buf, pos)
+            if c1658 == 0:
                 break
-            if c1560 < 0:
-                c1560 = -c1560
+            if c1658 < 0:
+                c1658 = -c1658
                 b = buf[pos]
                 if b < 128:
-                    z1563 = _ZD[b]
+                    z1661 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1563 = (z >> 1) ^ -(z & 1)
+                    z1661 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1563 = (z >> 1) ^ -(z & 1)
+                    z1661 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1563, pos = _rlong(buf, pos)
-            if c1560 * 2 > end - pos:
-                raise _count_error(c1560, end - pos)
-            for _ in range(c1560):
-                x1561, pos = _d_GpuShare1330(buf, pos, end)
-                acc1559.append(x1561)
-        f_from_gpus = tuple(acc1559)
-    n1564 = _ZL[buf[pos]]
-    if n1564 < 0:
-        n1564, pos = _rlong(buf, pos)
-        if n1564 < 0:
-            raise _length_error(n1564, end - pos)
+                    z1661, pos = _rlong(buf, pos)
+            if c1658 * 2 > end - pos:
+                raise _count_error(c1658, end - pos)
+            for _ in range(c1658):
+                x1659, pos = _d_GpuShare1428(buf, pos, end)
+                acc1657.append(x1659)
+        f_from_gpus = tuple(acc1657)
+    n1662 = _ZL[buf[pos]]
+    if n1662 < 0:
+        n1662, pos = _rlong(buf, pos)
+        if n1662 < 0:
+            raise _length_error(n1662, end - pos)
     else:
         pos += 1
-    q1565 = pos + n1564
-    if q1565 > end:
-        raise _length_error(n1564, end - pos)
-    f_to_node = buf[pos:q1565].decode()
-    pos = q1565
+    q1663 = pos + n1662
+    if q1663 > end:
+        raise _length_error(n1662, end - pos)
+    f_to_node = buf[pos:q1663].decode()
+    pos = q1663
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1566: list[Any] = []
+        acc1664: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1567 = _ZD[b]
+                c1665 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1567 = (z >> 1) ^ -(z & 1)
+                c1665 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1567 = (z >> 1) ^ -(z & 1)
+                c1665 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1567, pos = _rlong(buf, pos)
-            if c1567 == 0:
+                c1665, pos = _rlong(buf, pos)
+            if c1665 == 0:
                 break
-            if c1567 < 0:
-                c1567 = -c1567
+            if c1665 < 0:
+                c1665 = -c1665
                 b = buf[pos]
                 if b < 128:
-                    z1570 = _ZD[b]
+                    z1668 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1570 = (z >> 1) ^ -(z & 1)
+                    z1668 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1570 = (z >> 1) ^ -(z & 1)
+                    z1668 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1570, pos = _rlong(buf, pos)
-            if c1567 * 2 > end - pos:
-                raise _count_error(c1567, end - pos)
-            for _ in range(c1567):
-                x1568, pos = _d_GpuShare1330(buf, pos, end)
-                acc1566.append(x1568)
-        f_to_gpus = tuple(acc1566)
-    n1571 = _ZL[buf[pos]]
-    if n1571 < 0:
-        n1571, pos = _rlong(buf, pos)
-        if n1571 < 0:
-            raise _length_error(n1571, end - pos)
+                    z1668, pos = _rlong(buf, pos)
+            if c1665 * 2 > end - pos:
+                raise _count_error(c1665, end - pos)
+            for _ in range(c1665):
+                x1666, pos = _d_GpuShare1428(buf, pos, end)
+                acc1664.append(x1666)
+        f_to_gpus = tuple(acc1664)
+    n1669 = _ZL[buf[pos]]
+    if n1669 < 0:
+        n1669, pos = _rlong(buf, pos)
+        if n1669 < 0:
+            raise _length_error(n1669, end - pos)
     else:
         pos += 1
-    q1572 = pos + n1571
-    if q1572 > end:
-        raise _length_error(n1571, end - pos)
-    f_reason = buf[pos:q1572].decode()
-    pos = q1572
-    n1573 = _ZL[buf[pos]]
-    if n1573 < 0:
-        n1573, pos = _rlong(buf, pos)
-        if n1573 < 0:
-            raise _length_error(n1573, end - pos)
+    q1670 = pos + n1669
+    if q1670 > end:
+        raise _length_error(n1669, end - pos)
+    f_reason = buf[pos:q1670].decode()
+    pos = q1670
+    n1671 = _ZL[buf[pos]]
+    if n1671 < 0:
+        n1671, pos = _rlong(buf, pos)
+        if n1671 < 0:
+            raise _length_error(n1671, end - pos)
     else:
         pos += 1
-    q1574 = pos + n1573
-    if q1574 > end:
-        raise _length_error(n1573, end - pos)
-    f_message = buf[pos:q1574].decode()
-    pos = q1574
+    q1672 = pos + n1671
+    if q1672 > end:
+        raise _length_error(n1671, end - pos)
+    f_message = buf[pos:q1672].decode()
+    pos = q1672
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1574(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1672(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -7281,138 +7641,138 @@ def _d_DefragmentationPlanned1574(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1576 = _ZD[b]
+        i1674 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1576 = (z >> 1) ^ -(z & 1)
+        i1674 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1576 = (z >> 1) ^ -(z & 1)
+        i1674 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1576, pos = _rlong(buf, pos)
-    if i1576 == 0:
+        i1674, pos = _rlong(buf, pos)
+    if i1674 == 0:
         f_target = None
-    elif i1576 == 1:
-        n1577 = _ZL[buf[pos]]
-        if n1577 < 0:
-            n1577, pos = _rlong(buf, pos)
-            if n1577 < 0:
-                raise _length_error(n1577, end - pos)
+    elif i1674 == 1:
+        n1675 = _ZL[buf[pos]]
+        if n1675 < 0:
+            n1675, pos = _rlong(buf, pos)
+            if n1675 < 0:
+                raise _length_error(n1675, end - pos)
         else:
             pos += 1
-        q1578 = pos + n1577
-        if q1578 > end:
-            raise _length_error(n1577, end - pos)
-        f_target = buf[pos:q1578].decode()
-        pos = q1578
+        q1676 = pos + n1675
+        if q1676 > end:
+            raise _length_error(n1675, end - pos)
+        f_target = buf[pos:q1676].decode()
+        pos = q1676
     else:
-        raise _union_error(i1576, 2)
-    n1579 = _ZL[buf[pos]]
-    if n1579 < 0:
-        n1579, pos = _rlong(buf, pos)
-        if n1579 < 0:
-            raise _length_error(n1579, end - pos)
+        raise _union_error(i1674, 2)
+    n1677 = _ZL[buf[pos]]
+    if n1677 < 0:
+        n1677, pos = _rlong(buf, pos)
+        if n1677 < 0:
+            raise _length_error(n1677, end - pos)
     else:
         pos += 1
-    q1580 = pos + n1579
-    if q1580 > end:
-        raise _length_error(n1579, end - pos)
-    f_message = buf[pos:q1580].decode()
-    pos = q1580
+    q1678 = pos + n1677
+    if q1678 > end:
+        raise _length_error(n1677, end - pos)
+    f_message = buf[pos:q1678].decode()
+    pos = q1678
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1580(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1678(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1582 = _ZL[buf[pos]]
-    if n1582 < 0:
-        n1582, pos = _rlong(buf, pos)
-        if n1582 < 0:
-            raise _length_error(n1582, end - pos)
+    n1680 = _ZL[buf[pos]]
+    if n1680 < 0:
+        n1680, pos = _rlong(buf, pos)
+        if n1680 < 0:
+            raise _length_error(n1680, end - pos)
     else:
         pos += 1
-    q1583 = pos + n1582
-    if q1583 > end:
-        raise _length_error(n1582, end - pos)
-    f_cluster = buf[pos:q1583].decode()
-    pos = q1583
-    n1584 = _ZL[buf[pos]]
-    if n1584 < 0:
-        n1584, pos = _rlong(buf, pos)
-        if n1584 < 0:
-            raise _length_error(n1584, end - pos)
+    q1681 = pos + n1680
+    if q1681 > end:
+        raise _length_error(n1680, end - pos)
+    f_cluster = buf[pos:q1681].decode()
+    pos = q1681
+    n1682 = _ZL[buf[pos]]
+    if n1682 < 0:
+        n1682, pos = _rlong(buf, pos)
+        if n1682 < 0:
+            raise _length_error(n1682, end - pos)
     else:
         pos += 1
-    q1585 = pos + n1584
-    if q1585 > end:
-        raise _length_error(n1584, end - pos)
-    f_command_id = buf[pos:q1585].decode()
-    pos = q1585
-    n1586 = _ZL[buf[pos]]
-    if n1586 < 0:
-        n1586, pos = _rlong(buf, pos)
-        if n1586 < 0:
-            raise _length_error(n1586, end - pos)
+    q1683 = pos + n1682
+    if q1683 > end:
+        raise _length_error(n1682, end - pos)
+    f_command_id = buf[pos:q1683].decode()
+    pos = q1683
+    n1684 = _ZL[buf[pos]]
+    if n1684 < 0:
+        n1684, pos = _rlong(buf, pos)
+        if n1684 < 0:
+            raise _length_error(n1684, end - pos)
     else:
         pos += 1
-    q1587 = pos + n1586
-    if q1587 > end:
-        raise _length_error(n1586, end - pos)
-    f_error = buf[pos:q1587].decode()
-    pos = q1587
-    n1588 = _ZL[buf[pos]]
-    if n1588 < 0:
-        n1588, pos = _rlong(buf, pos)
-        if n1588 < 0:
-            raise _length_error(n1588, end - pos)
+    q1685 = pos + n1684
+    if q1685 > end:
+        raise _length_error(n1684, end - pos)
+    f_error = buf[pos:q1685].decode()
+    pos = q1685
+    n1686 = _ZL[buf[pos]]
+    if n1686 < 0:
+        n1686, pos = _rlong(buf, pos)
+        if n1686 < 0:
+            raise _length_error(n1686, end - pos)
     else:
         pos += 1
-    q1589 = pos + n1588
-    if q1589 > end:
-        raise _length_error(n1588, end - pos)
-    f_message = buf[pos:q1589].decode()
-    pos = q1589
+    q1687 = pos + n1686
+    if q1687 > end:
+        raise _length_error(n1686, end - pos)
+    f_message = buf[pos:q1687].decode()
+    pos = q1687
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1589(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1687(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1591 = _ZL[buf[pos]]
-    if n1591 < 0:
-        n1591, pos = _rlong(buf, pos)
-        if n1591 < 0:
-            raise _length_error(n1591, end - pos)
+    n1689 = _ZL[buf[pos]]
+    if n1689 < 0:
+        n1689, pos = _rlong(buf, pos)
+        if n1689 < 0:
+            raise _length_error(n1689, end - pos)
     else:
         pos += 1
-    q1592 = pos + n1591
-    if q1592 > end:
-        raise _length_error(n1591, end - pos)
-    f_cluster = buf[pos:q1592].decode()
-    pos = q1592
-    n1593 = _ZL[buf[pos]]
-    if n1593 < 0:
-        n1593, pos = _rlong(buf, pos)
-        if n1593 < 0:
-            raise _length_error(n1593, end - pos)
+    q1690 = pos + n1689
+    if q1690 > end:
+        raise _length_error(n1689, end - pos)
+    f_cluster = buf[pos:q1690].decode()
+    pos = q1690
+    n1691 = _ZL[buf[pos]]
+    if n1691 < 0:
+        n1691, pos = _rlong(buf, pos)
+        if n1691 < 0:
+            raise _length_error(n1691, end - pos)
     else:
         pos += 1
-    q1594 = pos + n1593
-    if q1594 > end:
-        raise _length_error(n1593, end - pos)
-    f_halted_command_id = buf[pos:q1594].decode()
-    pos = q1594
+    q1692 = pos + n1691
+    if q1692 > end:
+        raise _length_error(n1691, end - pos)
+    f_halted_command_id = buf[pos:q1692].decode()
+    pos = q1692
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7441,168 +7801,168 @@ def _d_ClusterResumed1589(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1595 = _ZL[buf[pos]]
-    if n1595 < 0:
-        n1595, pos = _rlong(buf, pos)
-        if n1595 < 0:
-            raise _length_error(n1595, end - pos)
+    n1693 = _ZL[buf[pos]]
+    if n1693 < 0:
+        n1693, pos = _rlong(buf, pos)
+        if n1693 < 0:
+            raise _length_error(n1693, end - pos)
     else:
         pos += 1
-    q1596 = pos + n1595
-    if q1596 > end:
-        raise _length_error(n1595, end - pos)
-    f_message = buf[pos:q1596].decode()
-    pos = q1596
+    q1694 = pos + n1693
+    if q1694 > end:
+        raise _length_error(n1693, end - pos)
+    f_message = buf[pos:q1694].decode()
+    pos = q1694
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1596(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1694(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1598 = _ZL[buf[pos]]
-    if n1598 < 0:
-        n1598, pos = _rlong(buf, pos)
-        if n1598 < 0:
-            raise _length_error(n1598, end - pos)
+    n1696 = _ZL[buf[pos]]
+    if n1696 < 0:
+        n1696, pos = _rlong(buf, pos)
+        if n1696 < 0:
+            raise _length_error(n1696, end - pos)
     else:
         pos += 1
-    q1599 = pos + n1598
-    if q1599 > end:
-        raise _length_error(n1598, end - pos)
-    f_node_id = buf[pos:q1599].decode()
-    pos = q1599
+    q1697 = pos + n1696
+    if q1697 > end:
+        raise _length_error(n1696, end - pos)
+    f_node_id = buf[pos:q1697].decode()
+    pos = q1697
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1599(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1697(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1601 = _ZL[buf[pos]]
-    if n1601 < 0:
-        n1601, pos = _rlong(buf, pos)
-        if n1601 < 0:
-            raise _length_error(n1601, end - pos)
+    n1699 = _ZL[buf[pos]]
+    if n1699 < 0:
+        n1699, pos = _rlong(buf, pos)
+        if n1699 < 0:
+            raise _length_error(n1699, end - pos)
     else:
         pos += 1
-    q1602 = pos + n1601
-    if q1602 > end:
-        raise _length_error(n1601, end - pos)
-    f_node_id = buf[pos:q1602].decode()
-    pos = q1602
+    q1700 = pos + n1699
+    if q1700 > end:
+        raise _length_error(n1699, end - pos)
+    f_node_id = buf[pos:q1700].decode()
+    pos = q1700
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1603: dict[str, Any] = {}
+        acc1701: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1604 = _ZD[b]
+                c1702 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1604 = (z >> 1) ^ -(z & 1)
+                c1702 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1604 = (z >> 1) ^ -(z & 1)
+                c1702 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1604, pos = _rlong(buf, pos)
-            if c1604 == 0:
+                c1702, pos = _rlong(buf, pos)
+            if c1702 == 0:
                 break
-            if c1604 < 0:
-                c1604 = -c1604
+            if c1702 < 0:
+                c1702 = -c1702
                 b = buf[pos]
                 if b < 128:
-                    z1607 = _ZD[b]
+                    z1705 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1607 = (z >> 1) ^ -(z & 1)
+                    z1705 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1607 = (z >> 1) ^ -(z & 1)
+                    z1705 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1607, pos = _rlong(buf, pos)
-            if c1604 * 2 > end - pos:
-                raise _count_error(c1604, end - pos)
-            for _ in range(c1604):
-                n1608 = _ZL[buf[pos]]
-                if n1608 < 0:
-                    n1608, pos = _rlong(buf, pos)
-                    if n1608 < 0:
-                        raise _length_error(n1608, end - pos)
+                    z1705, pos = _rlong(buf, pos)
+            if c1702 * 2 > end - pos:
+                raise _count_error(c1702, end - pos)
+            for _ in range(c1702):
+                n1706 = _ZL[buf[pos]]
+                if n1706 < 0:
+                    n1706, pos = _rlong(buf, pos)
+                    if n1706 < 0:
+                        raise _length_error(n1706, end - pos)
                 else:
                     pos += 1
-                q1609 = pos + n1608
-                if q1609 > end:
-                    raise _length_error(n1608, end - pos)
-                k1606 = buf[pos:q1609].decode()
-                pos = q1609
-                n1610 = _ZL[buf[pos]]
-                if n1610 < 0:
-                    n1610, pos = _rlong(buf, pos)
-                    if n1610 < 0:
-                        raise _length_error(n1610, end - pos)
+                q1707 = pos + n1706
+                if q1707 > end:
+                    raise _length_error(n1706, end - pos)
+                k1704 = buf[pos:q1707].decode()
+                pos = q1707
+                n1708 = _ZL[buf[pos]]
+                if n1708 < 0:
+                    n1708, pos = _rlong(buf, pos)
+                    if n1708 < 0:
+                        raise _length_error(n1708, end - pos)
                 else:
                     pos += 1
-                q1611 = pos + n1610
-                if q1611 > end:
-                    raise _length_error(n1610, end - pos)
-                x1605 = buf[pos:q1611].decode()
-                pos = q1611
-                acc1603[k1606] = x1605
-        f_labels = acc1603
+                q1709 = pos + n1708
+                if q1709 > end:
+                    raise _length_error(n1708, end - pos)
+                x1703 = buf[pos:q1709].decode()
+                pos = q1709
+                acc1701[k1704] = x1703
+        f_labels = acc1701
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1612: list[Any] = []
+        acc1710: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1613 = _ZD[b]
+                c1711 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1613 = (z >> 1) ^ -(z & 1)
+                c1711 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1613 = (z >> 1) ^ -(z & 1)
+                c1711 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1613, pos = _rlong(buf, pos)
-            if c1613 == 0:
+                c1711, pos = _rlong(buf, pos)
+            if c1711 == 0:
                 break
-            if c1613 < 0:
-                c1613 = -c1613
+            if c1711 < 0:
+                c1711 = -c1711
                 b = buf[pos]
                 if b < 128:
-                    z1616 = _ZD[b]
+                    z1714 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1616 = (z >> 1) ^ -(z & 1)
+                    z1714 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1616 = (z >> 1) ^ -(z & 1)
+                    z1714 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1616, pos = _rlong(buf, pos)
-            if c1613 * 3 > end - pos:
-                raise _count_error(c1613, end - pos)
-            for _ in range(c1613):
-                x1614, pos = _d_Taint378(buf, pos, end)
-                acc1612.append(x1614)
-        f_taints = tuple(acc1612)
+                    z1714, pos = _rlong(buf, pos)
+            if c1711 * 3 > end - pos:
+                raise _count_error(c1711, end - pos)
+            for _ in range(c1711):
+                x1712, pos = _d_Taint413(buf, pos, end)
+                acc1710.append(x1712)
+        f_taints = tuple(acc1710)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7621,23 +7981,23 @@ def _d_NodeUpdated1599(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1616(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1714(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1618 = _ZL[buf[pos]]
-    if n1618 < 0:
-        n1618, pos = _rlong(buf, pos)
-        if n1618 < 0:
-            raise _length_error(n1618, end - pos)
+    n1716 = _ZL[buf[pos]]
+    if n1716 < 0:
+        n1716, pos = _rlong(buf, pos)
+        if n1716 < 0:
+            raise _length_error(n1716, end - pos)
     else:
         pos += 1
-    q1619 = pos + n1618
-    if q1619 > end:
-        raise _length_error(n1618, end - pos)
-    f_pod_id = buf[pos:q1619].decode()
-    pos = q1619
+    q1717 = pos + n1716
+    if q1717 > end:
+        raise _length_error(n1716, end - pos)
+    f_pod_id = buf[pos:q1717].decode()
+    pos = q1717
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7668,205 +8028,205 @@ def _d_PodRetryScheduled1616(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1620 = _ZD[b]
+        i1718 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1620 = (z >> 1) ^ -(z & 1)
+        i1718 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1620 = (z >> 1) ^ -(z & 1)
+        i1718 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1620, pos = _rlong(buf, pos)
-    if i1620 == 0:
+        i1718, pos = _rlong(buf, pos)
+    if i1718 == 0:
         f_gang_id = None
-    elif i1620 == 1:
-        n1621 = _ZL[buf[pos]]
-        if n1621 < 0:
-            n1621, pos = _rlong(buf, pos)
-            if n1621 < 0:
-                raise _length_error(n1621, end - pos)
+    elif i1718 == 1:
+        n1719 = _ZL[buf[pos]]
+        if n1719 < 0:
+            n1719, pos = _rlong(buf, pos)
+            if n1719 < 0:
+                raise _length_error(n1719, end - pos)
         else:
             pos += 1
-        q1622 = pos + n1621
-        if q1622 > end:
-            raise _length_error(n1621, end - pos)
-        f_gang_id = buf[pos:q1622].decode()
-        pos = q1622
+        q1720 = pos + n1719
+        if q1720 > end:
+            raise _length_error(n1719, end - pos)
+        f_gang_id = buf[pos:q1720].decode()
+        pos = q1720
     else:
-        raise _union_error(i1620, 2)
+        raise _union_error(i1718, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1622(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1720(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1624 = _ZL[buf[pos]]
-    if n1624 < 0:
-        n1624, pos = _rlong(buf, pos)
-        if n1624 < 0:
-            raise _length_error(n1624, end - pos)
+    n1722 = _ZL[buf[pos]]
+    if n1722 < 0:
+        n1722, pos = _rlong(buf, pos)
+        if n1722 < 0:
+            raise _length_error(n1722, end - pos)
     else:
         pos += 1
-    q1625 = pos + n1624
-    if q1625 > end:
-        raise _length_error(n1624, end - pos)
-    f_budget_id = buf[pos:q1625].decode()
-    pos = q1625
+    q1723 = pos + n1722
+    if q1723 > end:
+        raise _length_error(n1722, end - pos)
+    f_budget_id = buf[pos:q1723].decode()
+    pos = q1723
     b = buf[pos]
     if b < 128:
-        i1626 = _ZD[b]
+        i1724 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1626 = (z >> 1) ^ -(z & 1)
+        i1724 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1626 = (z >> 1) ^ -(z & 1)
+        i1724 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1626, pos = _rlong(buf, pos)
-    if i1626 == 0:
+        i1724, pos = _rlong(buf, pos)
+    if i1724 == 0:
         f_tenant = None
-    elif i1626 == 1:
-        n1627 = _ZL[buf[pos]]
-        if n1627 < 0:
-            n1627, pos = _rlong(buf, pos)
-            if n1627 < 0:
-                raise _length_error(n1627, end - pos)
+    elif i1724 == 1:
+        n1725 = _ZL[buf[pos]]
+        if n1725 < 0:
+            n1725, pos = _rlong(buf, pos)
+            if n1725 < 0:
+                raise _length_error(n1725, end - pos)
         else:
             pos += 1
-        q1628 = pos + n1627
-        if q1628 > end:
-            raise _length_error(n1627, end - pos)
-        f_tenant = buf[pos:q1628].decode()
-        pos = q1628
+        q1726 = pos + n1725
+        if q1726 > end:
+            raise _length_error(n1725, end - pos)
+        f_tenant = buf[pos:q1726].decode()
+        pos = q1726
     else:
-        raise _union_error(i1626, 2)
+        raise _union_error(i1724, 2)
     b = buf[pos]
     if b < 128:
-        i1629 = _ZD[b]
+        i1727 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1629 = (z >> 1) ^ -(z & 1)
+        i1727 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1629 = (z >> 1) ^ -(z & 1)
+        i1727 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1629, pos = _rlong(buf, pos)
-    if i1629 == 0:
+        i1727, pos = _rlong(buf, pos)
+    if i1727 == 0:
         f_gang_id = None
-    elif i1629 == 1:
-        n1630 = _ZL[buf[pos]]
-        if n1630 < 0:
-            n1630, pos = _rlong(buf, pos)
-            if n1630 < 0:
-                raise _length_error(n1630, end - pos)
+    elif i1727 == 1:
+        n1728 = _ZL[buf[pos]]
+        if n1728 < 0:
+            n1728, pos = _rlong(buf, pos)
+            if n1728 < 0:
+                raise _length_error(n1728, end - pos)
         else:
             pos += 1
-        q1631 = pos + n1630
-        if q1631 > end:
-            raise _length_error(n1630, end - pos)
-        f_gang_id = buf[pos:q1631].decode()
-        pos = q1631
+        q1729 = pos + n1728
+        if q1729 > end:
+            raise _length_error(n1728, end - pos)
+        f_gang_id = buf[pos:q1729].decode()
+        pos = q1729
     else:
-        raise _union_error(i1629, 2)
+        raise _union_error(i1727, 2)
     b = buf[pos]
     if b < 128:
-        i1632 = _ZD[b]
+        i1730 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1632 = (z >> 1) ^ -(z & 1)
+        i1730 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1632 = (z >> 1) ^ -(z & 1)
+        i1730 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1632, pos = _rlong(buf, pos)
-    if i1632 == 0:
+        i1730, pos = _rlong(buf, pos)
+    if i1730 == 0:
         f_label_selector = None
-    elif i1632 == 1:
+    elif i1730 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1633: dict[str, Any] = {}
+            acc1731: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1634 = _ZD[b]
+                    c1732 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1634 = (z >> 1) ^ -(z & 1)
+                    c1732 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1634 = (z >> 1) ^ -(z & 1)
+                    c1732 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1634, pos = _rlong(buf, pos)
-                if c1634 == 0:
+                    c1732, pos = _rlong(buf, pos)
+                if c1732 == 0:
                     break
-                if c1634 < 0:
-                    c1634 = -c1634
+                if c1732 < 0:
+                    c1732 = -c1732
                     b = buf[pos]
                     if b < 128:
-                        z1637 = _ZD[b]
+                        z1735 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1637 = (z >> 1) ^ -(z & 1)
+                        z1735 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1637 = (z >> 1) ^ -(z & 1)
+                        z1735 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1637, pos = _rlong(buf, pos)
-                if c1634 * 2 > end - pos:
-                    raise _count_error(c1634, end - pos)
-                for _ in range(c1634):
-                    n1638 = _ZL[buf[pos]]
-                    if n1638 < 0:
-                        n1638, pos = _rlong(buf, pos)
-                        if n1638 < 0:
-                            raise _length_error(n1638, end - pos)
+                        z1735, pos = _rlong(buf, pos)
+                if c1732 * 2 > end - pos:
+                    raise _count_error(c1732, end - pos)
+                for _ in range(c1732):
+                    n1736 = _ZL[buf[pos]]
+                    if n1736 < 0:
+                        n1736, pos = _rlong(buf, pos)
+                        if n1736 < 0:
+                            raise _length_error(n1736, end - pos)
                     else:
                         pos += 1
-                    q1639 = pos + n1638
-                    if q1639 > end:
-                        raise _length_error(n1638, end - pos)
-                    k1636 = buf[pos:q1639].decode()
-                    pos = q1639
-                    n1640 = _ZL[buf[pos]]
-                    if n1640 < 0:
-                        n1640, pos = _rlong(buf, pos)
-                        if n1640 < 0:
-                            raise _length_error(n1640, end - pos)
+                    q1737 = pos + n1736
+                    if q1737 > end:
+                        raise _length_error(n1736, end - pos)
+                    k1734 = buf[pos:q1737].decode()
+                    pos = q1737
+                    n1738 = _ZL[buf[pos]]
+                    if n1738 < 0:
+                        n1738, pos = _rlong(buf, pos)
+                        if n1738 < 0:
+                            raise _length_error(n1738, end - pos)
                     else:
                         pos += 1
-                    q1641 = pos + n1640
-                    if q1641 > end:
-                        raise _length_error(n1640, end - pos)
-                    x1635 = buf[pos:q1641].decode()
-                    pos = q1641
-                    acc1633[k1636] = x1635
-            f_label_selector = acc1633
+                    q1739 = pos + n1738
+                    if q1739 > end:
+                        raise _length_error(n1738, end - pos)
+                    x1733 = buf[pos:q1739].decode()
+                    pos = q1739
+                    acc1731[k1734] = x1733
+            f_label_selector = acc1731
     else:
-        raise _union_error(i1632, 2)
+        raise _union_error(i1730, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7885,66 +8245,66 @@ def _d_DisruptionBudgetSet1622(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1641(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1739(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1643 = _ZL[buf[pos]]
-    if n1643 < 0:
-        n1643, pos = _rlong(buf, pos)
-        if n1643 < 0:
-            raise _length_error(n1643, end - pos)
+    n1741 = _ZL[buf[pos]]
+    if n1741 < 0:
+        n1741, pos = _rlong(buf, pos)
+        if n1741 < 0:
+            raise _length_error(n1741, end - pos)
     else:
         pos += 1
-    q1644 = pos + n1643
-    if q1644 > end:
-        raise _length_error(n1643, end - pos)
-    f_budget_id = buf[pos:q1644].decode()
-    pos = q1644
+    q1742 = pos + n1741
+    if q1742 > end:
+        raise _length_error(n1741, end - pos)
+    f_budget_id = buf[pos:q1742].decode()
+    pos = q1742
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1644(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1742(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1646 = _ZL[buf[pos]]
-    if n1646 < 0:
-        n1646, pos = _rlong(buf, pos)
-        if n1646 < 0:
-            raise _length_error(n1646, end - pos)
+    n1744 = _ZL[buf[pos]]
+    if n1744 < 0:
+        n1744, pos = _rlong(buf, pos)
+        if n1744 < 0:
+            raise _length_error(n1744, end - pos)
     else:
         pos += 1
-    q1647 = pos + n1646
-    if q1647 > end:
-        raise _length_error(n1646, end - pos)
-    f_pod_id = buf[pos:q1647].decode()
-    pos = q1647
-    n1648 = _ZL[buf[pos]]
-    if n1648 < 0:
-        n1648, pos = _rlong(buf, pos)
-        if n1648 < 0:
-            raise _length_error(n1648, end - pos)
+    q1745 = pos + n1744
+    if q1745 > end:
+        raise _length_error(n1744, end - pos)
+    f_pod_id = buf[pos:q1745].decode()
+    pos = q1745
+    n1746 = _ZL[buf[pos]]
+    if n1746 < 0:
+        n1746, pos = _rlong(buf, pos)
+        if n1746 < 0:
+            raise _length_error(n1746, end - pos)
     else:
         pos += 1
-    q1649 = pos + n1648
-    if q1649 > end:
-        raise _length_error(n1648, end - pos)
-    f_node_id = buf[pos:q1649].decode()
-    pos = q1649
-    n1650 = _ZL[buf[pos]]
-    if n1650 < 0:
-        n1650, pos = _rlong(buf, pos)
-        if n1650 < 0:
-            raise _length_error(n1650, end - pos)
+    q1747 = pos + n1746
+    if q1747 > end:
+        raise _length_error(n1746, end - pos)
+    f_node_id = buf[pos:q1747].decode()
+    pos = q1747
+    n1748 = _ZL[buf[pos]]
+    if n1748 < 0:
+        n1748, pos = _rlong(buf, pos)
+        if n1748 < 0:
+            raise _length_error(n1748, end - pos)
     else:
         pos += 1
-    q1651 = pos + n1650
-    if q1651 > end:
-        raise _length_error(n1650, end - pos)
-    f_budget_id = buf[pos:q1651].decode()
-    pos = q1651
+    q1749 = pos + n1748
+    if q1749 > end:
+        raise _length_error(n1748, end - pos)
+    f_budget_id = buf[pos:q1749].decode()
+    pos = q1749
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7959,51 +8319,51 @@ def _d_EvictionBlocked1644(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1652 = _ZL[buf[pos]]
-    if n1652 < 0:
-        n1652, pos = _rlong(buf, pos)
-        if n1652 < 0:
-            raise _length_error(n1652, end - pos)
+    n1750 = _ZL[buf[pos]]
+    if n1750 < 0:
+        n1750, pos = _rlong(buf, pos)
+        if n1750 < 0:
+            raise _length_error(n1750, end - pos)
     else:
         pos += 1
-    q1653 = pos + n1652
-    if q1653 > end:
-        raise _length_error(n1652, end - pos)
-    f_reason = buf[pos:q1653].decode()
-    pos = q1653
+    q1751 = pos + n1750
+    if q1751 > end:
+        raise _length_error(n1750, end - pos)
+    f_reason = buf[pos:q1751].decode()
+    pos = q1751
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1653(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1751(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1655 = _ZL[buf[pos]]
-    if n1655 < 0:
-        n1655, pos = _rlong(buf, pos)
-        if n1655 < 0:
-            raise _length_error(n1655, end - pos)
+    n1753 = _ZL[buf[pos]]
+    if n1753 < 0:
+        n1753, pos = _rlong(buf, pos)
+        if n1753 < 0:
+            raise _length_error(n1753, end - pos)
     else:
         pos += 1
-    q1656 = pos + n1655
-    if q1656 > end:
-        raise _length_error(n1655, end - pos)
-    f_pod_id = buf[pos:q1656].decode()
-    pos = q1656
-    n1657 = _ZL[buf[pos]]
-    if n1657 < 0:
-        n1657, pos = _rlong(buf, pos)
-        if n1657 < 0:
-            raise _length_error(n1657, end - pos)
+    q1754 = pos + n1753
+    if q1754 > end:
+        raise _length_error(n1753, end - pos)
+    f_pod_id = buf[pos:q1754].decode()
+    pos = q1754
+    n1755 = _ZL[buf[pos]]
+    if n1755 < 0:
+        n1755, pos = _rlong(buf, pos)
+        if n1755 < 0:
+            raise _length_error(n1755, end - pos)
     else:
         pos += 1
-    q1658 = pos + n1657
-    if q1658 > end:
-        raise _length_error(n1657, end - pos)
-    f_node_id = buf[pos:q1658].decode()
-    pos = q1658
+    q1756 = pos + n1755
+    if q1756 > end:
+        raise _length_error(n1755, end - pos)
+    f_node_id = buf[pos:q1756].decode()
+    pos = q1756
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -8024,12 +8384,341 @@ def _d_PodEvictionScheduled1653(buf: bytes, pos: int, end: int) -> tuple[_c_PodE
     return o, pos
 
 
+def _d_CohortQuota1760(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, int]:
+    f_cohort: str
+    f_parent: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    n1762 = _ZL[buf[pos]]
+    if n1762 < 0:
+        n1762, pos = _rlong(buf, pos)
+        if n1762 < 0:
+            raise _length_error(n1762, end - pos)
+    else:
+        pos += 1
+    q1763 = pos + n1762
+    if q1763 > end:
+        raise _length_error(n1762, end - pos)
+    f_cohort = buf[pos:q1763].decode()
+    pos = q1763
+    b = buf[pos]
+    if b < 128:
+        i1764 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1764 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1764 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1764, pos = _rlong(buf, pos)
+    if i1764 == 0:
+        f_parent = None
+    elif i1764 == 1:
+        n1765 = _ZL[buf[pos]]
+        if n1765 < 0:
+            n1765, pos = _rlong(buf, pos)
+            if n1765 < 0:
+                raise _length_error(n1765, end - pos)
+        else:
+            pos += 1
+        q1766 = pos + n1765
+        if q1766 > end:
+            raise _length_error(n1765, end - pos)
+        f_parent = buf[pos:q1766].decode()
+        pos = q1766
+    else:
+        raise _union_error(i1764, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc1767: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1768 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1768 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1768 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1768, pos = _rlong(buf, pos)
+            if c1768 == 0:
+                break
+            if c1768 < 0:
+                c1768 = -c1768
+                b = buf[pos]
+                if b < 128:
+                    z1771 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1771 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1771 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1771, pos = _rlong(buf, pos)
+            if c1768 * 2 > end - pos:
+                raise _count_error(c1768, end - pos)
+            for _ in range(c1768):
+                n1772 = _ZL[buf[pos]]
+                if n1772 < 0:
+                    n1772, pos = _rlong(buf, pos)
+                    if n1772 < 0:
+                        raise _length_error(n1772, end - pos)
+                else:
+                    pos += 1
+                q1773 = pos + n1772
+                if q1773 > end:
+                    raise _length_error(n1772, end - pos)
+                k1770 = buf[pos:q1773].decode()
+                pos = q1773
+                b = buf[pos]
+                if b < 128:
+                    x1769 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1769 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1769 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1769, pos = _rlong(buf, pos)
+                acc1767[k1770] = x1769
+        f_nominal_gpus = acc1767
+    b = buf[pos]
+    if b < 128:
+        i1774 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1774 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1774 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1774, pos = _rlong(buf, pos)
+    if i1774 == 0:
+        f_nominal_cpu_milli = None
+    elif i1774 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1774, 2)
+    b = buf[pos]
+    if b < 128:
+        i1775 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1775 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1775 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1775, pos = _rlong(buf, pos)
+    if i1775 == 0:
+        f_nominal_memory_mib = None
+    elif i1775 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1775, 2)
+    b = buf[pos]
+    if b < 128:
+        i1776 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1776 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1776 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1776, pos = _rlong(buf, pos)
+    if i1776 == 0:
+        f_borrowing_limit_gpus = None
+    elif i1776 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1776, 2)
+    b = buf[pos]
+    if b < 128:
+        i1777 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1777 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1777 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1777, pos = _rlong(buf, pos)
+    if i1777 == 0:
+        f_lending_limit_gpus = None
+    elif i1777 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_lending_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_lending_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1777, 2)
+    o = _c_CohortQuota(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
+    return o, pos
+
+
+def _d_CohortChanged1756(buf: bytes, pos: int, end: int) -> tuple[_c_CohortChanged, int]:
+    f_cohort: str
+    f_spec: Any
+    f_previous: Any
+    f_message: str
+    n1758 = _ZL[buf[pos]]
+    if n1758 < 0:
+        n1758, pos = _rlong(buf, pos)
+        if n1758 < 0:
+            raise _length_error(n1758, end - pos)
+    else:
+        pos += 1
+    q1759 = pos + n1758
+    if q1759 > end:
+        raise _length_error(n1758, end - pos)
+    f_cohort = buf[pos:q1759].decode()
+    pos = q1759
+    b = buf[pos]
+    if b < 128:
+        i1760 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1760 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1760 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1760, pos = _rlong(buf, pos)
+    if i1760 == 0:
+        f_spec = None
+    elif i1760 == 1:
+        f_spec, pos = _d_CohortQuota1760(buf, pos, end)
+    else:
+        raise _union_error(i1760, 2)
+    b = buf[pos]
+    if b < 128:
+        i1778 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1778 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1778 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1778, pos = _rlong(buf, pos)
+    if i1778 == 0:
+        f_previous = None
+    elif i1778 == 1:
+        f_previous, pos = _d_CohortQuota1760(buf, pos, end)
+    else:
+        raise _union_error(i1778, 2)
+    n1779 = _ZL[buf[pos]]
+    if n1779 < 0:
+        n1779, pos = _rlong(buf, pos)
+        if n1779 < 0:
+            raise _length_error(n1779, end - pos)
+    else:
+        pos += 1
+    q1780 = pos + n1779
+    if q1780 > end:
+        raise _length_error(n1779, end - pos)
+    f_message = buf[pos:q1780].decode()
+    pos = q1780
+    o = _c_CohortChanged(f_cohort, f_spec, f_previous, f_message)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1217:
+    if frame[:10] != _k1315:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -8070,30 +8759,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1219 = _ZL[buf[pos]]
-        if n1219 < 0:
-            n1219, pos = _rlong(buf, pos)
-            if n1219 < 0:
-                raise _length_error(n1219, end - pos)
+        n1317 = _ZL[buf[pos]]
+        if n1317 < 0:
+            n1317, pos = _rlong(buf, pos)
+            if n1317 < 0:
+                raise _length_error(n1317, end - pos)
         else:
             pos += 1
-        q1220 = pos + n1219
-        if q1220 > end:
-            raise _length_error(n1219, end - pos)
-        f_cluster = buf[pos:q1220].decode()
-        pos = q1220
-        n1221 = _ZL[buf[pos]]
-        if n1221 < 0:
-            n1221, pos = _rlong(buf, pos)
-            if n1221 < 0:
-                raise _length_error(n1221, end - pos)
+        q1318 = pos + n1317
+        if q1318 > end:
+            raise _length_error(n1317, end - pos)
+        f_cluster = buf[pos:q1318].decode()
+        pos = q1318
+        n1319 = _ZL[buf[pos]]
+        if n1319 < 0:
+            n1319, pos = _rlong(buf, pos)
+            if n1319 < 0:
+                raise _length_error(n1319, end - pos)
         else:
             pos += 1
-        q1222 = pos + n1221
-        if q1222 > end:
-            raise _length_error(n1221, end - pos)
-        f_command_id = buf[pos:q1222].decode()
-        pos = q1222
+        q1320 = pos + n1319
+        if q1320 > end:
+            raise _length_error(n1319, end - pos)
+        f_command_id = buf[pos:q1320].decode()
+        pos = q1320
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -8124,21 +8813,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1223 = _ZD[b]
+            i1321 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1223 = (z >> 1) ^ -(z & 1)
+            i1321 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1223 = (z >> 1) ^ -(z & 1)
+            i1321 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1223, pos = _rlong(buf, pos)
-        if not 0 <= i1223 < 34:
-            raise _union_error(i1223, 34)
-        f_payload, pos = _k1658[i1223](buf, pos, end)
+            i1321, pos = _rlong(buf, pos)
+        if not 0 <= i1321 < 35:
+            raise _union_error(i1321, 35)
+        f_payload, pos = _k1780[i1321](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -8169,7 +8858,7 @@ _k287: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k350: dict[type, Callable[[Any], bytes]] = {
+_k385: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -8190,78 +8879,89 @@ _k350: dict[type, Callable[[Any], bytes]] = {
     _c_UpdateNode: _e_UpdateNode310,
     _c_SetDisruptionBudget: _e_SetDisruptionBudget324,
     _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget346,
+    _c_SetCohort: _e_SetCohort350,
+    _c_RemoveCohort: _e_RemoveCohort381,
 }
 
-_k633: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode359, _d_RemoveNode385, _d_CordonNode388, _d_UncordonNode391, _d_DrainNode394, _d_MarkNodeFailed397, _d_SubmitPod402, _d_Release451, _d_SetPolicy456, _d_SubmitGang488, _d_ReleaseGang555, _d_Tick560, _d_SetQuota561, _d_RemoveQuota579, _d_Defragment582, _d_ResumeCluster586, _d_RecoverNode589, _d_UpdateNode592, _d_SetDisruptionBudget611, _d_RemoveDisruptionBudget630,)
+_k688: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode394, _d_RemoveNode420, _d_CordonNode423, _d_UncordonNode426, _d_DrainNode429, _d_MarkNodeFailed432, _d_SubmitPod437, _d_Release486, _d_SetPolicy491, _d_SubmitGang523, _d_ReleaseGang590, _d_Tick595, _d_SetQuota596, _d_RemoveQuota614, _d_Defragment617, _d_ResumeCluster621, _d_RecoverNode624, _d_UpdateNode627, _d_SetDisruptionBudget646, _d_RemoveDisruptionBudget665, _d_SetCohort668, _d_RemoveCohort685,)
 
-_k716: dict[type, Callable[[Any], bytes]] = {
+_k771: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k768: dict[type, Callable[[Any], bytes]] = {
+_k823: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k884: dict[type, Callable[[Any], bytes]] = {
+_k939: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k923: dict[type, Callable[[Any], bytes]] = {
+_k978: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k984: dict[type, Callable[[Any], bytes]] = {
+_k1039: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1095: dict[type, Callable[[Any], bytes]] = {
+_k1150: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1098: dict[type, Callable[[Any], bytes]] = {
+_k1153: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1216: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded645,
-    _c_NodeRemoved: _e_NodeRemoved657,
-    _c_NodeCordoned: _e_NodeCordoned661,
-    _c_NodeUncordoned: _e_NodeUncordoned665,
-    _c_NodeDrained: _e_NodeDrained669,
-    _c_NodeFailed: _e_NodeFailed674,
-    _c_PodQueued: _e_PodQueued681,
-    _c_PodScheduled: _e_PodScheduled733,
-    _c_PodEvicted: _e_PodEvicted790,
-    _c_PodReleased: _e_PodReleased798,
-    _c_PolicyChanged: _e_PolicyChanged810,
-    _c_CommandRejected: _e_CommandRejected828,
-    _c_GangQueued: _e_GangQueued838,
-    _c_GangScheduled: _e_GangScheduled934,
-    _c_GangTimedOut: _e_GangTimedOut1009,
-    _c_GangReleased: _e_GangReleased1016,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached1023,
-    _c_NodesReserved: _e_NodesReserved1036,
-    _c_ReservationReleased: _e_ReservationReleased1050,
-    _c_DependencyFailed: _e_DependencyFailed1061,
-    _c_Ticked: _e_Ticked1071,
-    _c_PodPreempted: _e_PodPreempted1074,
-    _c_QuotaChanged: _e_QuotaChanged1086,
-    _c_PodMigrated: _e_PodMigrated1102,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1116,
-    _c_ClusterHalted: _e_ClusterHalted1129,
-    _c_ClusterResumed: _e_ClusterResumed1139,
-    _c_NodeRecovered: _e_NodeRecovered1149,
-    _c_NodeUpdated: _e_NodeUpdated1153,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1160,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1172,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1194,
-    _c_EvictionBlocked: _e_EvictionBlocked1198,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1209,
+_k1307: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1276,
 }
 
-_k1658: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1223, _d_NodeRemoved1242, _d_NodeCordoned1245, _d_NodeUncordoned1248, _d_NodeDrained1251, _d_NodeFailed1254, _d_PodQueued1259, _d_PodScheduled1322, _d_PodEvicted1347, _d_PodReleased1354, _d_PolicyChanged1362, _d_CommandRejected1371, _d_GangQueued1380, _d_GangScheduled1435, _d_GangTimedOut1468, _d_GangReleased1473, _d_PodTimeLimitReached1485, _d_NodesReserved1493, _d_ReservationReleased1508, _d_DependencyFailed1524, _d_Ticked1533, _d_PodPreempted1534, _d_QuotaChanged1545, _d_PodMigrated1553, _d_DefragmentationPlanned1574, _d_ClusterHalted1580, _d_ClusterResumed1589, _d_NodeRecovered1596, _d_NodeUpdated1599, _d_PodRetryScheduled1616, _d_DisruptionBudgetSet1622, _d_DisruptionBudgetRemoved1641, _d_EvictionBlocked1644, _d_PodEvictionScheduled1653,)
+_k1310: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1276,
+}
+
+_k1314: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded700,
+    _c_NodeRemoved: _e_NodeRemoved712,
+    _c_NodeCordoned: _e_NodeCordoned716,
+    _c_NodeUncordoned: _e_NodeUncordoned720,
+    _c_NodeDrained: _e_NodeDrained724,
+    _c_NodeFailed: _e_NodeFailed729,
+    _c_PodQueued: _e_PodQueued736,
+    _c_PodScheduled: _e_PodScheduled788,
+    _c_PodEvicted: _e_PodEvicted845,
+    _c_PodReleased: _e_PodReleased853,
+    _c_PolicyChanged: _e_PolicyChanged865,
+    _c_CommandRejected: _e_CommandRejected883,
+    _c_GangQueued: _e_GangQueued893,
+    _c_GangScheduled: _e_GangScheduled989,
+    _c_GangTimedOut: _e_GangTimedOut1064,
+    _c_GangReleased: _e_GangReleased1071,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached1078,
+    _c_NodesReserved: _e_NodesReserved1091,
+    _c_ReservationReleased: _e_ReservationReleased1105,
+    _c_DependencyFailed: _e_DependencyFailed1116,
+    _c_Ticked: _e_Ticked1126,
+    _c_PodPreempted: _e_PodPreempted1129,
+    _c_QuotaChanged: _e_QuotaChanged1141,
+    _c_PodMigrated: _e_PodMigrated1157,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1171,
+    _c_ClusterHalted: _e_ClusterHalted1184,
+    _c_ClusterResumed: _e_ClusterResumed1194,
+    _c_NodeRecovered: _e_NodeRecovered1204,
+    _c_NodeUpdated: _e_NodeUpdated1208,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1215,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1227,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1249,
+    _c_EvictionBlocked: _e_EvictionBlocked1253,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1264,
+    _c_CohortChanged: _e_CohortChanged1271,
+}
+
+_k1780: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1321, _d_NodeRemoved1340, _d_NodeCordoned1343, _d_NodeUncordoned1346, _d_NodeDrained1349, _d_NodeFailed1352, _d_PodQueued1357, _d_PodScheduled1420, _d_PodEvicted1445, _d_PodReleased1452, _d_PolicyChanged1460, _d_CommandRejected1469, _d_GangQueued1478, _d_GangScheduled1533, _d_GangTimedOut1566, _d_GangReleased1571, _d_PodTimeLimitReached1583, _d_NodesReserved1591, _d_ReservationReleased1606, _d_DependencyFailed1622, _d_Ticked1631, _d_PodPreempted1632, _d_QuotaChanged1643, _d_PodMigrated1651, _d_DefragmentationPlanned1672, _d_ClusterHalted1678, _d_ClusterResumed1687, _d_NodeRecovered1694, _d_NodeUpdated1697, _d_PodRetryScheduled1714, _d_DisruptionBudgetSet1720, _d_DisruptionBudgetRemoved1739, _d_EvictionBlocked1742, _d_PodEvictionScheduled1751, _d_CohortChanged1756,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event634
+encode_event = _e_Event689

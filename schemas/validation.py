@@ -41,11 +41,13 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveCohort,
     RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
     Retry,
+    SetCohort,
     SetDisruptionBudget,
     SetPolicy,
     SetQuota,
@@ -515,6 +517,32 @@ def check_remove_quota(command: RemoveQuota) -> None:
     check_id("tenant", command.tenant)
 
 
+def check_set_cohort(command: SetCohort) -> None:
+    """Names are ids, amounts whole, non-negative and bounded (as a quota's); a cohort is not its own parent."""
+    check_id("cohort", command.cohort)
+    if command.parent is not None:
+        check_id("parent", command.parent)
+        if command.parent == command.cohort:
+            raise Rejected(RejectionCode.COHORT_CYCLE, f"cohort {command.cohort!r} cannot be its own parent")
+    if command.parent is None and (command.borrowing_limit_gpus is not None or command.lending_limit_gpus is not None):
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"cohort {command.cohort!r} sets a borrowing or lending limit without a parent: a root borrows from and "
+            "lends to no one",
+        )
+    check_quota(
+        f"cohort {command.cohort!r}",
+        Quota(
+            command.parent,
+            command.nominal_gpus,
+            command.nominal_cpu_milli,
+            command.nominal_memory_mib,
+            command.borrowing_limit_gpus,
+            command.lending_limit_gpus,
+        ),
+    )
+
+
 def check_defragment(command: Defragment) -> None:
     check_range("max_moves", command.max_moves, 0, MAX_MOVES)
     if command.target is not None:
@@ -542,6 +570,8 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     UpdateNode: check_update_node,
     SetDisruptionBudget: check_set_disruption_budget,
     RemoveDisruptionBudget: lambda command: check_id("budget_id", command.budget_id),
+    SetCohort: check_set_cohort,
+    RemoveCohort: lambda command: check_id("cohort", command.cohort),
 }
 
 

@@ -8,21 +8,30 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from sortedcontainers import SortedList
 
-from processor.core import quota_keys
+from processor.core import cohort_tree, quota_keys
 from processor.core.capacity import CapacityIndex
+from processor.core.cohort_tree import CohortPool
 from processor.core.errors import InvariantViolation
 from processor.core.pending import PendingQueue, QueueKey
 from processor.core.preemption_index import PreemptionIndex
 from processor.core.resources import Held, NodeClass, PodShape, Signature, reservation_taint
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
-from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, GPU_MILLI, SKIP_AHEAD, Quota, Taint
+from schemas.commands import (
+    DEFAULT_MAX_CLOCK_JUMP_MS,
+    DEFAULT_RESERVE_AFTER_MS,
+    GPU_MILLI,
+    SKIP_AHEAD,
+    CohortQuota,
+    Quota,
+    Taint,
+)
 from schemas.events import DisruptionBudgetSet, GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
@@ -362,15 +371,6 @@ class Reservation:
 
 
 @dataclass(slots=True)
-class CohortPool:
-    """What the members of a cohort lend on one quota key, and how much of it is in use: the sum of each
-    member's use beyond what it keeps for itself."""
-
-    lent: int = 0
-    in_use: int = 0
-
-
-@dataclass(slots=True)
 class Halt:
     """Why a cluster is halted: the command whose fold raised (and its offset), and the error."""
 
@@ -418,6 +418,11 @@ class ClusterState:
     # Node label keys present (any node) -> node count; fixed node capacities -> node count (derived).
     label_keys: dict[str, int] = field(default_factory=dict)
     capacities: dict[tuple[str, NodeClass, int, int, int], int] = field(default_factory=dict)
+    # Label (key, value) -> the fixed capacities whose labels have it -> node count (derived): a pod with a node
+    # selector reads its rarest label's capacities, not every one.
+    capacities_by_label: dict[tuple[str, str], dict[tuple[str, NodeClass, int, int, int], int]] = field(
+        default_factory=dict
+    )
     # Quotas (SetQuota, by tenant) and the default quota of tenants without one (SetPolicy).
     quotas: dict[str, Quota] = field(default_factory=dict)
     default_quota: Quota | None = None
@@ -425,6 +430,9 @@ class ClusterState:
     # are not failed (for dominant shares), and the nodes that run pods of each priority.
     usage: dict[str, TenantUsage] = field(default_factory=dict)
     cohorts: dict[str, list[str]] = field(default_factory=dict)
+    # The cohort tree (SetCohort, contract v4), by cohort; and, derived, each parent's child cohorts (sorted).
+    cohort_specs: dict[str, CohortQuota] = field(default_factory=dict)
+    cohort_children: dict[str, list[str]] = field(default_factory=dict)
     cpu_capacity: int = 0
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -487,7 +495,11 @@ class ClusterState:
                     continue
                 kept = limits[key].kept
                 held = quota_keys.usage_on(usage, quota, key)
-                pools[(cohort, key)].in_use += max(0, held + sign * amount - kept) - max(0, held - kept)
+                pool = pools[(cohort, key)]
+                before = pool.in_use
+                pool.in_use += max(0, held + sign * amount - kept) - max(0, held - kept)
+                if self.cohort_specs:
+                    cohort_tree.lift(self.cohort_specs, pools, cohort, key, before)
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
@@ -577,23 +589,10 @@ class ClusterState:
                 members.sort()
         self.rebuild_pools()
 
-    @staticmethod
-    def _over(usage: TenantUsage | None, quota: Quota, key: str) -> int:
-        """A member's use of its cohort's pool on a key: what it holds beyond what it keeps."""
-        return max(0, quota_keys.usage_on(usage, quota, key) - quota_keys.guaranteed(quota, key))
-
     def rebuild_pools(self) -> None:
-        """Every cohort's pools from the quotas and usage. O(members · keys); on quota changes only."""
-        self.pools = {}
-        for cohort in sorted(self.cohorts):
-            for member in self.cohorts[cohort]:
-                quota = self.quotas[member]
-                for key in quota_keys.limited_keys(quota):
-                    entry = self.pools.get((cohort, key))
-                    if entry is None:
-                        entry = self.pools[(cohort, key)] = CohortPool()
-                    entry.lent += quota_keys.lendable(quota, key)
-                    entry.in_use += self._over(self.usage.get(member), quota, key)
+        """Every cohort's pools from the cohort tree, the quotas and usage (:func:`cohort_tree.build_pools`).
+        O(members · keys + cohorts · depth); on quota and cohort changes only."""
+        self.pools = cohort_tree.build_pools(self.cohort_specs, self.cohorts, self.quotas, self.usage)
 
     @property
     def quotas_on(self) -> bool:
@@ -658,6 +657,32 @@ class ClusterState:
             self.capacities[capacity] = count
         else:
             self.capacities.pop(capacity, None)
+        by_label = self.capacities_by_label
+        for pair in node.base_class[0]:
+            counts = by_label.get(pair)
+            if counts is None:
+                counts = by_label[pair] = {}
+            if count > 0:
+                counts[capacity] = count
+            else:
+                counts.pop(capacity, None)
+                if not counts:
+                    del by_label[pair]
+
+    def capacities_for(self, selector: tuple[tuple[str, str], ...]) -> Iterable[tuple[str, NodeClass, int, int, int]]:
+        """The fixed capacities whose labels may match a node selector: every one for no selector, else those
+        carrying its rarest label. O(1) to choose; the caller reads only those."""
+        if not selector:
+            return self.capacities
+        by_label = self.capacities_by_label
+        rarest: dict[tuple[str, NodeClass, int, int, int], int] | None = None
+        for pair in selector:
+            counts = by_label.get(pair)
+            if counts is None:
+                return ()
+            if rarest is None or len(counts) < len(rarest):
+                rarest = counts
+        return rarest if rarest is not None else ()
 
     def job_exists(self, job_id: str) -> bool:
         """Whether a present pod or gang (any state) has this id."""
