@@ -52,6 +52,7 @@ COMPILED: tuple[str, ...] = (
     "processor.core.timers",
     "processor.core.typical",
     "processor.core.quota_keys",
+    "processor.core.node",
     "processor.core.state",
     "processor.core.reservations",
     "processor.core.reasons",
