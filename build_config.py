@@ -53,6 +53,7 @@ COMPILED: tuple[str, ...] = (
     "processor.core.typical",
     "processor.core.quota_keys",
     "processor.core.node",
+    "processor.core.cohort_tree",
     "processor.core.state",
     "processor.core.reservations",
     "processor.core.reasons",

@@ -422,6 +422,7 @@ NOT_PROJECTED: dict[str, str] = {
     "CommandRejected": "a refused command changes no state; the audit log answers `query command`",
     "PolicyChanged": "the placement policy is the fold's; the audit log keeps the change",
     "QuotaChanged": "quotas are read from the replica (the fold's state); the audit log keeps the change",
+    "CohortChanged": "the cohort tree is read from the replica (the fold's state); the audit log keeps the change",
     "Ticked": "event time only; the usage clock moves on every event's time",
     "PodPreempted": "its PodEvicted follows and moves the pod; the audit log lists it as a disruption",
     "PodTimeLimitReached": "its PodReleased follows and ends the pod",

@@ -50,6 +50,10 @@ class RejectionCode:
     NODE_NOT_FAILED: Final = "NODE_NOT_FAILED"  # RecoverNode of a node that has not failed
     UNKNOWN_BUDGET: Final = "UNKNOWN_BUDGET"  # RemoveDisruptionBudget of a budget that is not set
     NODE_DRAINING: Final = "NODE_DRAINING"  # DrainNode of a node whose drain waits already, changing nothing
+    COHORT_CYCLE: Final = "COHORT_CYCLE"  # SetCohort whose parent is the cohort itself or one of its descendants
+    COHORT_TOO_DEEP: Final = "COHORT_TOO_DEEP"  # SetCohort that makes a path of the tree longer than 8 cohorts
+    UNKNOWN_COHORT: Final = "UNKNOWN_COHORT"  # RemoveCohort of a cohort that SetCohort did not declare
+    COHORT_IN_USE: Final = "COHORT_IN_USE"  # RemoveCohort of a cohort other cohorts name as their parent
 
     ALL: Final = (
         DUPLICATE_COMMAND,
@@ -80,6 +84,10 @@ class RejectionCode:
         NODE_NOT_FAILED,
         UNKNOWN_BUDGET,
         NODE_DRAINING,
+        COHORT_CYCLE,
+        COHORT_TOO_DEEP,
+        UNKNOWN_COHORT,
+        COHORT_IN_USE,
     )
 
 

@@ -264,6 +264,7 @@ class GangMember(Record):
     gpu_models: tuple[str, ...] = ()
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    role: str | None = None  # contract v4: for SubmitGang.min_members_per_role
 
 
 @dataclass(slots=True)
@@ -272,6 +273,8 @@ class SubmitGang(Record):
 
     ``topology_required`` (a node label key) keeps every member on nodes with one value
     of it; ``topology_preferred`` tries that domain first and falls back to wider ones.
+    ``min_members_per_role`` (contract v4, Volcano's ``minTaskMember``): per member ``role``, how many
+    of that role must run too; the minimums sum to at most ``min_members``.
     """
 
     gang_id: str
@@ -289,6 +292,7 @@ class SubmitGang(Record):
     retry: Retry | None = None
     preemptible: bool = True  # contract v4: False: no member is ever a victim
     disruption: str = "all"  # contract v4: DISRUPTION_MODES
+    min_members_per_role: dict[str, int] = field(default_factory=dict)  # contract v4: role -> minimum running
 
 
 @dataclass(slots=True)
@@ -309,6 +313,61 @@ class Tick(Record):
 
     force: bool = False
     partition: bool = False
+
+
+MAX_COHORT_DEPTH = 8
+"""Contract v4: the most cohorts on one path from a root of the cohort tree down (SetCohort beyond: COHORT_TOO_DEEP)."""
+
+
+@dataclass(slots=True, frozen=True)
+class CohortQuota(Record):
+    """A cohort of the cohort tree (contract v4, ``SetCohort``; Kueue's hierarchical cohorts).
+
+    ``parent``: None for a root. ``nominal_gpus`` (whole GPUs per model key, ``"*"`` for the models not named),
+    ``nominal_cpu_milli`` and ``nominal_memory_mib``: the cohort's own quota, which its subtree may borrow.
+    ``lending_limit_gpus``: the most of its subtree's quota it lends to its parent (the rest is kept for the
+    subtree); ``borrowing_limit_gpus``: the most its subtree may use beyond its subtree's quota, from the parent.
+    Both per GPU model key; None: no limit.
+    """
+
+    cohort: str
+    parent: str | None = None
+    nominal_gpus: dict[str, int] = field(default_factory=dict)
+    nominal_cpu_milli: int | None = None
+    nominal_memory_mib: int | None = None
+    borrowing_limit_gpus: int | None = None
+    lending_limit_gpus: int | None = None
+
+
+@dataclass(slots=True)
+class SetCohort(Record):
+    """Declare or change a cohort of the cohort tree (contract v4): the fields of :class:`CohortQuota`."""
+
+    cohort: str
+    parent: str | None = None
+    nominal_gpus: dict[str, int] = field(default_factory=dict)
+    nominal_cpu_milli: int | None = None
+    nominal_memory_mib: int | None = None
+    borrowing_limit_gpus: int | None = None
+    lending_limit_gpus: int | None = None
+
+    def spec(self) -> CohortQuota:
+        return CohortQuota(
+            self.cohort,
+            self.parent,
+            dict(sorted(self.nominal_gpus.items())),
+            self.nominal_cpu_milli,
+            self.nominal_memory_mib,
+            self.borrowing_limit_gpus,
+            self.lending_limit_gpus,
+        )
+
+
+@dataclass(slots=True)
+class RemoveCohort(Record):
+    """Forget a cohort's declaration (contract v4); refused while cohorts name it as their parent."""
+
+    cohort: str
 
 
 @dataclass(slots=True)
@@ -414,6 +473,8 @@ CommandPayload = (
     | UpdateNode
     | SetDisruptionBudget
     | RemoveDisruptionBudget
+    | SetCohort
+    | RemoveCohort
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -439,6 +500,8 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         UpdateNode,
         SetDisruptionBudget,
         RemoveDisruptionBudget,
+        SetCohort,
+        RemoveCohort,
     )
 }
 

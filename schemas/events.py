@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from schemas.commands import AFTER_OK, PREEMPT_LOWER, Quota, Retry, Taint, Toleration
+from schemas.commands import AFTER_OK, PREEMPT_LOWER, CohortQuota, Quota, Retry, Taint, Toleration
 from schemas.records import Record, nest
 
 
@@ -38,6 +38,7 @@ class PodSpec(Record):
     gpu_memory_mib: int = 0
     retry: Retry | None = None
     preemptible: bool = True  # contract v4: False: never a victim
+    role: str | None = None  # contract v4: a gang member's role (SubmitGang member role)
 
     @property
     def gpu_milli_total(self) -> int:
@@ -76,6 +77,7 @@ class GangSpec(Record):
     queued_at: int | None = None  # contract v4: the last requeue of a gang that ran (its timeout counts from it)
     preemptible: bool = True  # contract v4: False: no member is ever a victim
     disruption: str = "all"  # contract v4: all or above_min (SubmitGang.disruption)
+    min_members_per_role: dict[str, int] = field(default_factory=dict)  # contract v4: role -> minimum running
 
     @property
     def waiting_since(self) -> int:
@@ -299,6 +301,16 @@ class QuotaChanged(Record):
 
 
 @dataclass(slots=True)
+class CohortChanged(Record):
+    """A cohort of the cohort tree was declared or changed (``spec``) or forgotten (None); contract v4."""
+
+    cohort: str
+    spec: CohortQuota | None
+    previous: CohortQuota | None = None
+    message: str = ""
+
+
+@dataclass(slots=True)
 class PodMigrated(Record):
     """A running pod moved from one node to another in one step (never on both, never on neither)."""
 
@@ -442,6 +454,7 @@ EventPayload = (
     | DisruptionBudgetRemoved
     | EvictionBlocked
     | PodEvictionScheduled
+    | CohortChanged
 )
 
 PAYLOAD_TYPES: dict[str, type[Record]] = {
@@ -481,6 +494,7 @@ PAYLOAD_TYPES: dict[str, type[Record]] = {
         DisruptionBudgetRemoved,
         EvictionBlocked,
         PodEvictionScheduled,
+        CohortChanged,
     )
 }
 
@@ -539,4 +553,5 @@ nest(PodScheduled, {"pod": PodSpec, "gpus": GpuShare})
 nest(GangQueued, {"reasons": QueueReason, "gang": GangSpec})
 nest(GangScheduled, {"members": MemberPlacement, "gang": GangSpec})
 nest(QuotaChanged, {"quota": Quota, "previous": Quota})
+nest(CohortChanged, {"spec": CohortQuota, "previous": CohortQuota})
 nest(PodMigrated, {"from_gpus": GpuShare, "to_gpus": GpuShare})

@@ -29,6 +29,7 @@ from schemas.avro_binary import (
 from schemas.codec import DecodeError
 from schemas.commands import (
     AddNode as _c_AddNode,
+    CohortQuota as _c_CohortQuota,
     Command as _c_Command,
     CordonNode as _c_CordonNode,
     Defragment as _c_Defragment,
@@ -40,11 +41,13 @@ from schemas.commands import (
     RecoverNode as _c_RecoverNode,
     Release as _c_Release,
     ReleaseGang as _c_ReleaseGang,
+    RemoveCohort as _c_RemoveCohort,
     RemoveDisruptionBudget as _c_RemoveDisruptionBudget,
     RemoveNode as _c_RemoveNode,
     RemoveQuota as _c_RemoveQuota,
     ResumeCluster as _c_ResumeCluster,
     Retry as _c_Retry,
+    SetCohort as _c_SetCohort,
     SetDisruptionBudget as _c_SetDisruptionBudget,
     SetPolicy as _c_SetPolicy,
     SetQuota as _c_SetQuota,
@@ -59,6 +62,7 @@ from schemas.commands import (
 from schemas.events import (
     ClusterHalted as _c_ClusterHalted,
     ClusterResumed as _c_ClusterResumed,
+    CohortChanged as _c_CohortChanged,
     CommandRejected as _c_CommandRejected,
     DefragmentationPlanned as _c_DefragmentationPlanned,
     DependencyFailed as _c_DependencyFailed,
@@ -101,7 +105,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
+_k1 = b'\xc3\x01\x15\xdd\x17r[=\xb32'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -137,151 +141,185 @@ _k176 = b'\x02'
 _k178 = b'\x00'
 _k180 = b'\x12'
 _k200 = b'\x02'
-_k202 = b'\x00'
-_k205 = b'\x02'
+_k203 = b'\x00'
+_k206 = b'\x02'
 _k208 = b'\x00'
 _k211 = b'\x02'
 _k214 = b'\x00'
 _k217 = b'\x02'
-_k219 = b'\x00'
-_k222 = b'\x02'
-_k224 = b'\x00'
-_k232 = b'\x00'
-_k236 = b'\x14'
-_k242 = b'\x16'
-_k244 = b'\x18'
-_k249 = b'\x02'
-_k252 = b'\x00'
-_k256 = b'\x02'
-_k258 = b'\x00'
-_k261 = b'\x02'
+_k220 = b'\x00'
+_k223 = b'\x02'
+_k225 = b'\x00'
+_k228 = b'\x02'
+_k230 = b'\x00'
+_k238 = b'\x00'
+_k247 = b'\x14'
+_k253 = b'\x16'
+_k255 = b'\x18'
+_k260 = b'\x02'
 _k263 = b'\x00'
-_k266 = b'\x02'
-_k268 = b'\x00'
-_k271 = b'\x02'
-_k273 = b'\x00'
-_k277 = b'\x00'
-_k279 = b'\x1a'
-_k283 = b'\x1c'
-_k287 = b'\x02'
-_k290 = b'\x00'
-_k292 = b'\x1e'
-_k296 = b' '
-_k300 = b'"'
-_k305 = b'\x02'
-_k307 = b'\x00'
-_k310 = b'\x02'
-_k312 = b'\x00'
-_k314 = b'$'
-_k319 = b'\x02'
-_k322 = b'\x00'
-_k325 = b'\x02'
-_k328 = b'\x00'
-_k331 = b'\x02'
+_k267 = b'\x02'
+_k269 = b'\x00'
+_k272 = b'\x02'
+_k274 = b'\x00'
+_k277 = b'\x02'
+_k279 = b'\x00'
+_k282 = b'\x02'
+_k284 = b'\x00'
+_k288 = b'\x00'
+_k290 = b'\x1a'
+_k294 = b'\x1c'
+_k298 = b'\x02'
+_k301 = b'\x00'
+_k303 = b'\x1e'
+_k307 = b' '
+_k311 = b'"'
+_k316 = b'\x02'
+_k318 = b'\x00'
+_k321 = b'\x02'
+_k323 = b'\x00'
+_k325 = b'$'
+_k330 = b'\x02'
 _k333 = b'\x00'
-_k336 = b'&'
-_k340 = b'\xc3\x01y\xd3\xea6\xcc\xed\xbe\xd4'
-_k614 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
-_k625 = b'\x00'
-_k637 = b'\x02'
-_k641 = b'\x04'
-_k645 = b'\x06'
-_k649 = b'\x08'
-_k654 = b'\n'
-_k661 = b'\x0c'
-_k679 = b'\x02'
-_k682 = b'\x00'
-_k685 = b'\x02'
-_k687 = b'\x00'
-_k696 = b'\x00'
-_k707 = b'\x0e'
-_k725 = b'\x02'
-_k728 = b'\x00'
-_k731 = b'\x02'
-_k733 = b'\x00'
-_k742 = b'\x00'
-_k758 = b'\x10'
-_k766 = b'\x12'
-_k771 = b'\x02'
-_k774 = b'\x00'
-_k778 = b'\x14'
-_k785 = b'\x02'
-_k787 = b'\x00'
-_k792 = b'\x02'
-_k794 = b'\x00'
-_k796 = b'\x16'
-_k806 = b'\x18'
-_k835 = b'\x02'
-_k838 = b'\x00'
-_k841 = b'\x02'
-_k843 = b'\x00'
-_k852 = b'\x00'
-_k856 = b'\x02'
-_k859 = b'\x00'
-_k862 = b'\x02'
-_k865 = b'\x00'
-_k868 = b'\x02'
-_k870 = b'\x00'
+_k336 = b'\x02'
+_k339 = b'\x00'
+_k342 = b'\x02'
+_k344 = b'\x00'
+_k347 = b'&'
+_k351 = b'('
+_k356 = b'\x02'
+_k359 = b'\x00'
+_k363 = b'\x02'
+_k365 = b'\x00'
+_k368 = b'\x02'
+_k370 = b'\x00'
+_k373 = b'\x02'
+_k375 = b'\x00'
+_k378 = b'\x02'
+_k380 = b'\x00'
+_k382 = b'*'
+_k386 = b'\xc3\x01\x15\xdd\x17r[=\xb32'
+_k690 = b'\xc3\x01\xdd\x8f\xfa\xb6\xf7w\x0f"'
+_k701 = b'\x00'
+_k713 = b'\x02'
+_k717 = b'\x04'
+_k721 = b'\x06'
+_k725 = b'\x08'
+_k730 = b'\n'
+_k737 = b'\x0c'
+_k755 = b'\x02'
+_k758 = b'\x00'
+_k761 = b'\x02'
+_k763 = b'\x00'
+_k772 = b'\x00'
+_k775 = b'\x02'
+_k778 = b'\x00'
+_k789 = b'\x0e'
+_k807 = b'\x02'
+_k810 = b'\x00'
+_k813 = b'\x02'
+_k815 = b'\x00'
+_k824 = b'\x00'
+_k827 = b'\x02'
+_k830 = b'\x00'
+_k846 = b'\x10'
+_k854 = b'\x12'
+_k859 = b'\x02'
+_k862 = b'\x00'
+_k866 = b'\x14'
 _k873 = b'\x02'
 _k875 = b'\x00'
-_k885 = b'\x00'
-_k888 = b'\x02'
-_k890 = b'\x00'
-_k895 = b'\x1a'
-_k916 = b'\x02'
-_k919 = b'\x00'
-_k922 = b'\x02'
-_k925 = b'\x00'
-_k928 = b'\x02'
-_k930 = b'\x00'
-_k933 = b'\x02'
-_k935 = b'\x00'
-_k945 = b'\x00'
-_k948 = b'\x02'
-_k950 = b'\x00'
-_k955 = b'\x02'
-_k958 = b'\x00'
-_k961 = b'\x02'
+_k880 = b'\x02'
+_k882 = b'\x00'
+_k884 = b'\x16'
+_k894 = b'\x18'
+_k923 = b'\x02'
+_k926 = b'\x00'
+_k929 = b'\x02'
+_k931 = b'\x00'
+_k940 = b'\x00'
+_k943 = b'\x02'
+_k946 = b'\x00'
+_k950 = b'\x02'
+_k953 = b'\x00'
+_k956 = b'\x02'
+_k959 = b'\x00'
+_k962 = b'\x02'
 _k964 = b'\x00'
-_k969 = b'\x1c'
-_k976 = b'\x1e'
-_k983 = b' '
-_k991 = b'\x02'
-_k994 = b'\x00'
-_k996 = b'"'
-_k1004 = b'\x02'
-_k1006 = b'\x00'
-_k1010 = b'$'
-_k1021 = b'&'
-_k1031 = b'('
-_k1034 = b'*'
-_k1046 = b','
-_k1049 = b'\x02'
-_k1052 = b'\x00'
-_k1055 = b'\x00'
-_k1058 = b'\x00'
-_k1062 = b'.'
-_k1076 = b'0'
-_k1082 = b'\x02'
-_k1085 = b'\x00'
-_k1089 = b'2'
-_k1099 = b'4'
-_k1109 = b'6'
-_k1113 = b'8'
-_k1120 = b':'
-_k1127 = b'\x02'
-_k1130 = b'\x00'
-_k1132 = b'<'
-_k1137 = b'\x02'
-_k1140 = b'\x00'
-_k1143 = b'\x02'
-_k1146 = b'\x00'
-_k1149 = b'\x02'
+_k967 = b'\x02'
+_k969 = b'\x00'
+_k979 = b'\x00'
+_k982 = b'\x02'
+_k984 = b'\x00'
+_k990 = b'\x1a'
+_k1011 = b'\x02'
+_k1014 = b'\x00'
+_k1017 = b'\x02'
+_k1020 = b'\x00'
+_k1023 = b'\x02'
+_k1025 = b'\x00'
+_k1028 = b'\x02'
+_k1030 = b'\x00'
+_k1040 = b'\x00'
+_k1043 = b'\x02'
+_k1045 = b'\x00'
+_k1051 = b'\x02'
+_k1054 = b'\x00'
+_k1057 = b'\x02'
+_k1060 = b'\x00'
+_k1065 = b'\x1c'
+_k1072 = b'\x1e'
+_k1079 = b' '
+_k1087 = b'\x02'
+_k1090 = b'\x00'
+_k1092 = b'"'
+_k1100 = b'\x02'
+_k1102 = b'\x00'
+_k1106 = b'$'
+_k1117 = b'&'
+_k1127 = b'('
+_k1130 = b'*'
+_k1142 = b','
+_k1145 = b'\x02'
+_k1148 = b'\x00'
 _k1151 = b'\x00'
-_k1154 = b'>'
-_k1158 = b'@'
-_k1169 = b'B'
-_k1176 = b'\xc3\x01\xa3`\x98[\x99\x15\xcb\xb9'
+_k1154 = b'\x00'
+_k1158 = b'.'
+_k1172 = b'0'
+_k1178 = b'\x02'
+_k1181 = b'\x00'
+_k1185 = b'2'
+_k1195 = b'4'
+_k1205 = b'6'
+_k1209 = b'8'
+_k1216 = b':'
+_k1223 = b'\x02'
+_k1226 = b'\x00'
+_k1228 = b'<'
+_k1233 = b'\x02'
+_k1236 = b'\x00'
+_k1239 = b'\x02'
+_k1242 = b'\x00'
+_k1245 = b'\x02'
+_k1247 = b'\x00'
+_k1250 = b'>'
+_k1254 = b'@'
+_k1265 = b'B'
+_k1272 = b'D'
+_k1277 = b'\x02'
+_k1282 = b'\x02'
+_k1285 = b'\x00'
+_k1289 = b'\x02'
+_k1291 = b'\x00'
+_k1294 = b'\x02'
+_k1296 = b'\x00'
+_k1299 = b'\x02'
+_k1301 = b'\x00'
+_k1304 = b'\x02'
+_k1306 = b'\x00'
+_k1308 = b'\x00'
+_k1311 = b'\x00'
+_k1315 = b'\xc3\x01\xdd\x8f\xfa\xb6\xf7w\x0f"'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -449,20 +487,20 @@ def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
     return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k173 if (u122 := o.default_quota) is None else _k172[type(u122)](u122)), (_k178 if (u175 := o.max_clock_jump_ms) is None else _u176(u175)),))
 
 
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n203] if (n203 := len(s202 := v.encode())) < 8192 else _long(n203)), s202,))
+
+
 def _b188(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"),)
+        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"), (_k203 if (u199 := x.role) is None else _u200(u199)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u200(v: Any) -> bytes:
-    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
-
-
-def _u205(v: Any) -> bytes:
-    return b"".join((_k205, (_P[n208] if (n208 := len(s207 := v.encode())) < 8192 else _long(n208)), s207,))
+def _u206(v: Any) -> bytes:
+    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
 
 
 def _u211(v: Any) -> bytes:
@@ -470,150 +508,190 @@ def _u211(v: Any) -> bytes:
 
 
 def _u217(v: Any) -> bytes:
-    return b"".join((_k217, (_P[n219] if 0 <= (n219 := v) < 8192 else _long(n219)),))
+    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
 
 
-def _u222(v: Any) -> bytes:
-    return b"".join((_k222, (_P[n224] if 0 <= (n224 := v) < 8192 else _long(n224)),))
+def _u223(v: Any) -> bytes:
+    return b"".join((_k223, (_P[n225] if 0 <= (n225 := v) < 8192 else _long(n225)),))
+
+
+def _u228(v: Any) -> bytes:
+    return b"".join((_k228, (_P[n230] if 0 <= (n230 := v) < 8192 else _long(n230)),))
+
+
+def _b243(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for k, x in a.items():
+        out += ((_P[n245] if (n245 := len(s244 := k.encode())) < 8192 else _long(n245)), s244, (_P[n246] if 0 <= (n246 := x) < 8192 else _long(n246)),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"), (_P[n235] if (n235 := len(s234 := o.disruption.encode())) < 8192 else _long(n235)), s234,))
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k208 if (u205 := o.min_members) is None else _u206(u205)), (_k214 if (u210 := o.topology_required) is None else _u211(u210)), (_k220 if (u216 := o.topology_preferred) is None else _u217(u216)), (_k225 if (u222 := o.timeout_ms) is None else _u223(u222)), (_k230 if (u227 := o.time_limit_ms) is None else _u228(u227)), (_b71(a232) if (a232 := o.depends_on) else b"\x00"), (_P[n234] if (n234 := len(s233 := o.dependency.encode())) < 8192 else _long(n234)), s233, (_P[n236] if (n236 := len(s235 := o.preemption.encode())) < 8192 else _long(n236)), s235, (_k238 if (u237 := o.retry) is None else _k237[type(u237)](u237)), (b"\x01" if o.preemptible else b"\x00"), (_P[n241] if (n241 := len(s240 := o.disruption.encode())) < 8192 else _long(n241)), s240, (_b243(a242) if (a242 := o.min_members_per_role) else b"\x00"),))
 
 
-def _e_ReleaseGang235(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k236, (_P[n239] if (n239 := len(s238 := o.gang_id.encode())) < 8192 else _long(n239)), s238, (_P[n241] if (n241 := len(s240 := o.reason.encode())) < 8192 else _long(n241)), s240,))
+def _e_ReleaseGang246(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := o.gang_id.encode())) < 8192 else _long(n250)), s249, (_P[n252] if (n252 := len(s251 := o.reason.encode())) < 8192 else _long(n252)), s251,))
 
 
-def _e_Tick241(o: _c_Tick) -> bytes:
-    return b"".join((_k242, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick252(o: _c_Tick) -> bytes:
+    return b"".join((_k253, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u249(v: Any) -> bytes:
-    return b"".join((_k249, (_P[n252] if (n252 := len(s251 := v.encode())) < 8192 else _long(n252)), s251,))
+def _u260(v: Any) -> bytes:
+    return b"".join((_k260, (_P[n263] if (n263 := len(s262 := v.encode())) < 8192 else _long(n263)), s262,))
 
 
-def _u256(v: Any) -> bytes:
-    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
+def _u267(v: Any) -> bytes:
+    return b"".join((_k267, (_P[n269] if 0 <= (n269 := v) < 8192 else _long(n269)),))
 
 
-def _u261(v: Any) -> bytes:
-    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
+def _u272(v: Any) -> bytes:
+    return b"".join((_k272, (_P[n274] if 0 <= (n274 := v) < 8192 else _long(n274)),))
 
 
-def _u266(v: Any) -> bytes:
-    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
+def _u277(v: Any) -> bytes:
+    return b"".join((_k277, (_P[n279] if 0 <= (n279 := v) < 8192 else _long(n279)),))
 
 
-def _u271(v: Any) -> bytes:
-    return b"".join((_k271, (_P[n273] if 0 <= (n273 := v) < 8192 else _long(n273)),))
+def _u282(v: Any) -> bytes:
+    return b"".join((_k282, (_P[n284] if 0 <= (n284 := v) < 8192 else _long(n284)),))
 
 
-def _e_SetQuota243(o: _c_SetQuota) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246, (_k252 if (u248 := o.cohort) is None else _u249(u248)), (_b132(a254) if (a254 := o.nominal_gpus) else b"\x00"), (_k258 if (u255 := o.nominal_cpu_milli) is None else _u256(u255)), (_k263 if (u260 := o.nominal_memory_mib) is None else _u261(u260)), (_k268 if (u265 := o.borrowing_limit_gpus) is None else _u266(u265)), (_k273 if (u270 := o.lending_limit_gpus) is None else _u271(u270)), (_P[n275] if 0 <= (n275 := o.weight) < 8192 else _long(n275)), (_k277 if (u276 := o.preemption) is None else _k276[type(u276)](u276)),))
+def _e_SetQuota254(o: _c_SetQuota) -> bytes:
+    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257, (_k263 if (u259 := o.cohort) is None else _u260(u259)), (_b132(a265) if (a265 := o.nominal_gpus) else b"\x00"), (_k269 if (u266 := o.nominal_cpu_milli) is None else _u267(u266)), (_k274 if (u271 := o.nominal_memory_mib) is None else _u272(u271)), (_k279 if (u276 := o.borrowing_limit_gpus) is None else _u277(u276)), (_k284 if (u281 := o.lending_limit_gpus) is None else _u282(u281)), (_P[n286] if 0 <= (n286 := o.weight) < 8192 else _long(n286)), (_k288 if (u287 := o.preemption) is None else _k287[type(u287)](u287)),))
 
 
-def _e_RemoveQuota278(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k279, (_P[n282] if (n282 := len(s281 := o.tenant.encode())) < 8192 else _long(n282)), s281,))
+def _e_RemoveQuota289(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.tenant.encode())) < 8192 else _long(n293)), s292,))
 
 
-def _u287(v: Any) -> bytes:
-    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := v.encode())) < 8192 else _long(n290)), s289,))
+def _u298(v: Any) -> bytes:
+    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := v.encode())) < 8192 else _long(n301)), s300,))
 
 
-def _e_Defragment282(o: _c_Defragment) -> bytes:
-    return b"".join((_k283, (_P[n285] if 0 <= (n285 := o.max_moves) < 8192 else _long(n285)), (_k290 if (u286 := o.target) is None else _u287(u286)),))
+def _e_Defragment293(o: _c_Defragment) -> bytes:
+    return b"".join((_k294, (_P[n296] if 0 <= (n296 := o.max_moves) < 8192 else _long(n296)), (_k301 if (u297 := o.target) is None else _u298(u297)),))
 
 
-def _e_ResumeCluster291(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k292, (_P[n295] if (n295 := len(s294 := o.reason.encode())) < 8192 else _long(n295)), s294,))
+def _e_ResumeCluster302(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k303, (_P[n306] if (n306 := len(s305 := o.reason.encode())) < 8192 else _long(n306)), s305,))
 
 
-def _e_RecoverNode295(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k296, (_P[n299] if (n299 := len(s298 := o.node_id.encode())) < 8192 else _long(n299)), s298,))
+def _e_RecoverNode306(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k307, (_P[n310] if (n310 := len(s309 := o.node_id.encode())) < 8192 else _long(n310)), s309,))
 
 
-def _u305(v: Any) -> bytes:
-    return b"".join((_k305, (_b21(a307) if (a307 := v) else b"\x00"),))
+def _u316(v: Any) -> bytes:
+    return b"".join((_k316, (_b21(a318) if (a318 := v) else b"\x00"),))
 
 
-def _u310(v: Any) -> bytes:
-    return b"".join((_k310, (_b27(a312) if (a312 := v) else b"\x00"),))
+def _u321(v: Any) -> bytes:
+    return b"".join((_k321, (_b27(a323) if (a323 := v) else b"\x00"),))
 
 
-def _e_UpdateNode299(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k300, (_P[n303] if (n303 := len(s302 := o.node_id.encode())) < 8192 else _long(n303)), s302, (_k307 if (u304 := o.labels) is None else _u305(u304)), (_k312 if (u309 := o.taints) is None else _u310(u309)),))
+def _e_UpdateNode310(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k311, (_P[n314] if (n314 := len(s313 := o.node_id.encode())) < 8192 else _long(n314)), s313, (_k318 if (u315 := o.labels) is None else _u316(u315)), (_k323 if (u320 := o.taints) is None else _u321(u320)),))
 
 
-def _u319(v: Any) -> bytes:
-    return b"".join((_k319, (_P[n322] if (n322 := len(s321 := v.encode())) < 8192 else _long(n322)), s321,))
+def _u330(v: Any) -> bytes:
+    return b"".join((_k330, (_P[n333] if (n333 := len(s332 := v.encode())) < 8192 else _long(n333)), s332,))
 
 
-def _u325(v: Any) -> bytes:
-    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := v.encode())) < 8192 else _long(n328)), s327,))
+def _u336(v: Any) -> bytes:
+    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := v.encode())) < 8192 else _long(n339)), s338,))
 
 
-def _u331(v: Any) -> bytes:
-    return b"".join((_k331, (_b21(a333) if (a333 := v) else b"\x00"),))
+def _u342(v: Any) -> bytes:
+    return b"".join((_k342, (_b21(a344) if (a344 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget313(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := o.budget_id.encode())) < 8192 else _long(n317)), s316, (_k322 if (u318 := o.tenant) is None else _u319(u318)), (_k328 if (u324 := o.gang_id) is None else _u325(u324)), (_k333 if (u330 := o.label_selector) is None else _u331(u330)), (_P[n335] if 0 <= (n335 := o.max_unavailable) < 8192 else _long(n335)),))
+def _e_SetDisruptionBudget324(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := o.budget_id.encode())) < 8192 else _long(n328)), s327, (_k333 if (u329 := o.tenant) is None else _u330(u329)), (_k339 if (u335 := o.gang_id) is None else _u336(u335)), (_k344 if (u341 := o.label_selector) is None else _u342(u341)), (_P[n346] if 0 <= (n346 := o.max_unavailable) < 8192 else _long(n346)),))
 
 
-def _e_RemoveDisruptionBudget335(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := o.budget_id.encode())) < 8192 else _long(n339)), s338,))
+def _e_RemoveDisruptionBudget346(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k347, (_P[n350] if (n350 := len(s349 := o.budget_id.encode())) < 8192 else _long(n350)), s349,))
+
+
+def _u356(v: Any) -> bytes:
+    return b"".join((_k356, (_P[n359] if (n359 := len(s358 := v.encode())) < 8192 else _long(n359)), s358,))
+
+
+def _u363(v: Any) -> bytes:
+    return b"".join((_k363, (_P[n365] if 0 <= (n365 := v) < 8192 else _long(n365)),))
+
+
+def _u368(v: Any) -> bytes:
+    return b"".join((_k368, (_P[n370] if 0 <= (n370 := v) < 8192 else _long(n370)),))
+
+
+def _u373(v: Any) -> bytes:
+    return b"".join((_k373, (_P[n375] if 0 <= (n375 := v) < 8192 else _long(n375)),))
+
+
+def _u378(v: Any) -> bytes:
+    return b"".join((_k378, (_P[n380] if 0 <= (n380 := v) < 8192 else _long(n380)),))
+
+
+def _e_SetCohort350(o: _c_SetCohort) -> bytes:
+    return b"".join((_k351, (_P[n354] if (n354 := len(s353 := o.cohort.encode())) < 8192 else _long(n354)), s353, (_k359 if (u355 := o.parent) is None else _u356(u355)), (_b132(a361) if (a361 := o.nominal_gpus) else b"\x00"), (_k365 if (u362 := o.nominal_cpu_milli) is None else _u363(u362)), (_k370 if (u367 := o.nominal_memory_mib) is None else _u368(u367)), (_k375 if (u372 := o.borrowing_limit_gpus) is None else _u373(u372)), (_k380 if (u377 := o.lending_limit_gpus) is None else _u378(u377)),))
+
+
+def _e_RemoveCohort381(o: _c_RemoveCohort) -> bytes:
+    return b"".join((_k382, (_P[n385] if (n385 := len(s384 := o.cohort.encode())) < 8192 else _long(n385)), s384,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k339[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k385[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint367(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint413(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n369 = _ZL[buf[pos]]
-    if n369 < 0:
-        n369, pos = _rlong(buf, pos)
-        if n369 < 0:
-            raise _length_error(n369, end - pos)
+    n415 = _ZL[buf[pos]]
+    if n415 < 0:
+        n415, pos = _rlong(buf, pos)
+        if n415 < 0:
+            raise _length_error(n415, end - pos)
     else:
         pos += 1
-    q370 = pos + n369
-    if q370 > end:
-        raise _length_error(n369, end - pos)
-    f_key = buf[pos:q370].decode()
-    pos = q370
-    n371 = _ZL[buf[pos]]
-    if n371 < 0:
-        n371, pos = _rlong(buf, pos)
-        if n371 < 0:
-            raise _length_error(n371, end - pos)
+    q416 = pos + n415
+    if q416 > end:
+        raise _length_error(n415, end - pos)
+    f_key = buf[pos:q416].decode()
+    pos = q416
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q372 = pos + n371
-    if q372 > end:
-        raise _length_error(n371, end - pos)
-    f_value = buf[pos:q372].decode()
-    pos = q372
-    n373 = _ZL[buf[pos]]
-    if n373 < 0:
-        n373, pos = _rlong(buf, pos)
-        if n373 < 0:
-            raise _length_error(n373, end - pos)
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_value = buf[pos:q418].decode()
+    pos = q418
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q374 = pos + n373
-    if q374 > end:
-        raise _length_error(n373, end - pos)
-    f_effect = buf[pos:q374].decode()
-    pos = q374
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_effect = buf[pos:q420].decode()
+    pos = q420
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode394(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -622,30 +700,30 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n350 = _ZL[buf[pos]]
-    if n350 < 0:
-        n350, pos = _rlong(buf, pos)
-        if n350 < 0:
-            raise _length_error(n350, end - pos)
+    n396 = _ZL[buf[pos]]
+    if n396 < 0:
+        n396, pos = _rlong(buf, pos)
+        if n396 < 0:
+            raise _length_error(n396, end - pos)
     else:
         pos += 1
-    q351 = pos + n350
-    if q351 > end:
-        raise _length_error(n350, end - pos)
-    f_node_id = buf[pos:q351].decode()
-    pos = q351
-    n352 = _ZL[buf[pos]]
-    if n352 < 0:
-        n352, pos = _rlong(buf, pos)
-        if n352 < 0:
-            raise _length_error(n352, end - pos)
+    q397 = pos + n396
+    if q397 > end:
+        raise _length_error(n396, end - pos)
+    f_node_id = buf[pos:q397].decode()
+    pos = q397
+    n398 = _ZL[buf[pos]]
+    if n398 < 0:
+        n398, pos = _rlong(buf, pos)
+        if n398 < 0:
+            raise _length_error(n398, end - pos)
     else:
         pos += 1
-    q353 = pos + n352
-    if q353 > end:
-        raise _length_error(n352, end - pos)
-    f_gpu_model = buf[pos:q353].decode()
-    pos = q353
+    q399 = pos + n398
+    if q399 > end:
+        raise _length_error(n398, end - pos)
+    f_gpu_model = buf[pos:q399].decode()
+    pos = q399
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -692,113 +770,113 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc354: dict[str, Any] = {}
+        acc400: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c355 = _ZD[b]
+                c401 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c355 = (z >> 1) ^ -(z & 1)
+                c401 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c355 = (z >> 1) ^ -(z & 1)
+                c401 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c355, pos = _rlong(buf, pos)
-            if c355 == 0:
+                c401, pos = _rlong(buf, pos)
+            if c401 == 0:
                 break
-            if c355 < 0:
-                c355 = -c355
+            if c401 < 0:
+                c401 = -c401
                 b = buf[pos]
                 if b < 128:
-                    z358 = _ZD[b]
+                    z404 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z404 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z358 = (z >> 1) ^ -(z & 1)
+                    z404 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z358, pos = _rlong(buf, pos)
-            if c355 * 2 > end - pos:
-                raise _count_error(c355, end - pos)
-            for _ in range(c355):
-                n359 = _ZL[buf[pos]]
-                if n359 < 0:
-                    n359, pos = _rlong(buf, pos)
-                    if n359 < 0:
-                        raise _length_error(n359, end - pos)
+                    z404, pos = _rlong(buf, pos)
+            if c401 * 2 > end - pos:
+                raise _count_error(c401, end - pos)
+            for _ in range(c401):
+                n405 = _ZL[buf[pos]]
+                if n405 < 0:
+                    n405, pos = _rlong(buf, pos)
+                    if n405 < 0:
+                        raise _length_error(n405, end - pos)
                 else:
                     pos += 1
-                q360 = pos + n359
-                if q360 > end:
-                    raise _length_error(n359, end - pos)
-                k357 = buf[pos:q360].decode()
-                pos = q360
-                n361 = _ZL[buf[pos]]
-                if n361 < 0:
-                    n361, pos = _rlong(buf, pos)
-                    if n361 < 0:
-                        raise _length_error(n361, end - pos)
+                q406 = pos + n405
+                if q406 > end:
+                    raise _length_error(n405, end - pos)
+                k403 = buf[pos:q406].decode()
+                pos = q406
+                n407 = _ZL[buf[pos]]
+                if n407 < 0:
+                    n407, pos = _rlong(buf, pos)
+                    if n407 < 0:
+                        raise _length_error(n407, end - pos)
                 else:
                     pos += 1
-                q362 = pos + n361
-                if q362 > end:
-                    raise _length_error(n361, end - pos)
-                x356 = buf[pos:q362].decode()
-                pos = q362
-                acc354[k357] = x356
-        f_labels = acc354
+                q408 = pos + n407
+                if q408 > end:
+                    raise _length_error(n407, end - pos)
+                x402 = buf[pos:q408].decode()
+                pos = q408
+                acc400[k403] = x402
+        f_labels = acc400
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc363: list[Any] = []
+        acc409: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c364 = _ZD[b]
+                c410 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c364 = (z >> 1) ^ -(z & 1)
+                c410 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c364 = (z >> 1) ^ -(z & 1)
+                c410 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c364, pos = _rlong(buf, pos)
-            if c364 == 0:
+                c410, pos = _rlong(buf, pos)
+            if c410 == 0:
                 break
-            if c364 < 0:
-                c364 = -c364
+            if c410 < 0:
+                c410 = -c410
                 b = buf[pos]
                 if b < 128:
-                    z367 = _ZD[b]
+                    z413 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z367 = (z >> 1) ^ -(z & 1)
+                    z413 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z367 = (z >> 1) ^ -(z & 1)
+                    z413 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z367, pos = _rlong(buf, pos)
-            if c364 * 3 > end - pos:
-                raise _count_error(c364, end - pos)
-            for _ in range(c364):
-                x365, pos = _d_Taint367(buf, pos, end)
-                acc363.append(x365)
-        f_taints = tuple(acc363)
+                    z413, pos = _rlong(buf, pos)
+            if c410 * 3 > end - pos:
+                raise _count_error(c410, end - pos)
+            for _ in range(c410):
+                x411, pos = _d_Taint413(buf, pos, end)
+                acc409.append(x411)
+        f_taints = tuple(acc409)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -817,79 +895,79 @@ def _d_AddNode348(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode374(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode420(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n376 = _ZL[buf[pos]]
-    if n376 < 0:
-        n376, pos = _rlong(buf, pos)
-        if n376 < 0:
-            raise _length_error(n376, end - pos)
+    n422 = _ZL[buf[pos]]
+    if n422 < 0:
+        n422, pos = _rlong(buf, pos)
+        if n422 < 0:
+            raise _length_error(n422, end - pos)
     else:
         pos += 1
-    q377 = pos + n376
-    if q377 > end:
-        raise _length_error(n376, end - pos)
-    f_node_id = buf[pos:q377].decode()
-    pos = q377
+    q423 = pos + n422
+    if q423 > end:
+        raise _length_error(n422, end - pos)
+    f_node_id = buf[pos:q423].decode()
+    pos = q423
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode377(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode423(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n379 = _ZL[buf[pos]]
-    if n379 < 0:
-        n379, pos = _rlong(buf, pos)
-        if n379 < 0:
-            raise _length_error(n379, end - pos)
+    n425 = _ZL[buf[pos]]
+    if n425 < 0:
+        n425, pos = _rlong(buf, pos)
+        if n425 < 0:
+            raise _length_error(n425, end - pos)
     else:
         pos += 1
-    q380 = pos + n379
-    if q380 > end:
-        raise _length_error(n379, end - pos)
-    f_node_id = buf[pos:q380].decode()
-    pos = q380
+    q426 = pos + n425
+    if q426 > end:
+        raise _length_error(n425, end - pos)
+    f_node_id = buf[pos:q426].decode()
+    pos = q426
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode380(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode426(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n382 = _ZL[buf[pos]]
-    if n382 < 0:
-        n382, pos = _rlong(buf, pos)
-        if n382 < 0:
-            raise _length_error(n382, end - pos)
+    n428 = _ZL[buf[pos]]
+    if n428 < 0:
+        n428, pos = _rlong(buf, pos)
+        if n428 < 0:
+            raise _length_error(n428, end - pos)
     else:
         pos += 1
-    q383 = pos + n382
-    if q383 > end:
-        raise _length_error(n382, end - pos)
-    f_node_id = buf[pos:q383].decode()
-    pos = q383
+    q429 = pos + n428
+    if q429 > end:
+        raise _length_error(n428, end - pos)
+    f_node_id = buf[pos:q429].decode()
+    pos = q429
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode429(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n385 = _ZL[buf[pos]]
-    if n385 < 0:
-        n385, pos = _rlong(buf, pos)
-        if n385 < 0:
-            raise _length_error(n385, end - pos)
+    n431 = _ZL[buf[pos]]
+    if n431 < 0:
+        n431, pos = _rlong(buf, pos)
+        if n431 < 0:
+            raise _length_error(n431, end - pos)
     else:
         pos += 1
-    q386 = pos + n385
-    if q386 > end:
-        raise _length_error(n385, end - pos)
-    f_node_id = buf[pos:q386].decode()
-    pos = q386
+    q432 = pos + n431
+    if q432 > end:
+        raise _length_error(n431, end - pos)
+    f_node_id = buf[pos:q432].decode()
+    pos = q432
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -910,95 +988,95 @@ def _d_DrainNode383(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed386(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed432(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n388 = _ZL[buf[pos]]
-    if n388 < 0:
-        n388, pos = _rlong(buf, pos)
-        if n388 < 0:
-            raise _length_error(n388, end - pos)
+    n434 = _ZL[buf[pos]]
+    if n434 < 0:
+        n434, pos = _rlong(buf, pos)
+        if n434 < 0:
+            raise _length_error(n434, end - pos)
     else:
         pos += 1
-    q389 = pos + n388
-    if q389 > end:
-        raise _length_error(n388, end - pos)
-    f_node_id = buf[pos:q389].decode()
-    pos = q389
-    n390 = _ZL[buf[pos]]
-    if n390 < 0:
-        n390, pos = _rlong(buf, pos)
-        if n390 < 0:
-            raise _length_error(n390, end - pos)
+    q435 = pos + n434
+    if q435 > end:
+        raise _length_error(n434, end - pos)
+    f_node_id = buf[pos:q435].decode()
+    pos = q435
+    n436 = _ZL[buf[pos]]
+    if n436 < 0:
+        n436, pos = _rlong(buf, pos)
+        if n436 < 0:
+            raise _length_error(n436, end - pos)
     else:
         pos += 1
-    q391 = pos + n390
-    if q391 > end:
-        raise _length_error(n390, end - pos)
-    f_reason = buf[pos:q391].decode()
-    pos = q391
+    q437 = pos + n436
+    if q437 > end:
+        raise _length_error(n436, end - pos)
+    f_reason = buf[pos:q437].decode()
+    pos = q437
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration417(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration463(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n419 = _ZL[buf[pos]]
-    if n419 < 0:
-        n419, pos = _rlong(buf, pos)
-        if n419 < 0:
-            raise _length_error(n419, end - pos)
+    n465 = _ZL[buf[pos]]
+    if n465 < 0:
+        n465, pos = _rlong(buf, pos)
+        if n465 < 0:
+            raise _length_error(n465, end - pos)
     else:
         pos += 1
-    q420 = pos + n419
-    if q420 > end:
-        raise _length_error(n419, end - pos)
-    f_key = buf[pos:q420].decode()
-    pos = q420
-    n421 = _ZL[buf[pos]]
-    if n421 < 0:
-        n421, pos = _rlong(buf, pos)
-        if n421 < 0:
-            raise _length_error(n421, end - pos)
+    q466 = pos + n465
+    if q466 > end:
+        raise _length_error(n465, end - pos)
+    f_key = buf[pos:q466].decode()
+    pos = q466
+    n467 = _ZL[buf[pos]]
+    if n467 < 0:
+        n467, pos = _rlong(buf, pos)
+        if n467 < 0:
+            raise _length_error(n467, end - pos)
     else:
         pos += 1
-    q422 = pos + n421
-    if q422 > end:
-        raise _length_error(n421, end - pos)
-    f_operator = buf[pos:q422].decode()
-    pos = q422
-    n423 = _ZL[buf[pos]]
-    if n423 < 0:
-        n423, pos = _rlong(buf, pos)
-        if n423 < 0:
-            raise _length_error(n423, end - pos)
+    q468 = pos + n467
+    if q468 > end:
+        raise _length_error(n467, end - pos)
+    f_operator = buf[pos:q468].decode()
+    pos = q468
+    n469 = _ZL[buf[pos]]
+    if n469 < 0:
+        n469, pos = _rlong(buf, pos)
+        if n469 < 0:
+            raise _length_error(n469, end - pos)
     else:
         pos += 1
-    q424 = pos + n423
-    if q424 > end:
-        raise _length_error(n423, end - pos)
-    f_value = buf[pos:q424].decode()
-    pos = q424
-    n425 = _ZL[buf[pos]]
-    if n425 < 0:
-        n425, pos = _rlong(buf, pos)
-        if n425 < 0:
-            raise _length_error(n425, end - pos)
+    q470 = pos + n469
+    if q470 > end:
+        raise _length_error(n469, end - pos)
+    f_value = buf[pos:q470].decode()
+    pos = q470
+    n471 = _ZL[buf[pos]]
+    if n471 < 0:
+        n471, pos = _rlong(buf, pos)
+        if n471 < 0:
+            raise _length_error(n471, end - pos)
     else:
         pos += 1
-    q426 = pos + n425
-    if q426 > end:
-        raise _length_error(n425, end - pos)
-    f_effect = buf[pos:q426].decode()
-    pos = q426
+    q472 = pos + n471
+    if q472 > end:
+        raise _length_error(n471, end - pos)
+    f_effect = buf[pos:q472].decode()
+    pos = q472
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry485(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1048,7 +1126,7 @@ def _d_Retry439(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod437(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1067,30 +1145,30 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n393 = _ZL[buf[pos]]
-    if n393 < 0:
-        n393, pos = _rlong(buf, pos)
-        if n393 < 0:
-            raise _length_error(n393, end - pos)
+    n439 = _ZL[buf[pos]]
+    if n439 < 0:
+        n439, pos = _rlong(buf, pos)
+        if n439 < 0:
+            raise _length_error(n439, end - pos)
     else:
         pos += 1
-    q394 = pos + n393
-    if q394 > end:
-        raise _length_error(n393, end - pos)
-    f_pod_id = buf[pos:q394].decode()
-    pos = q394
-    n395 = _ZL[buf[pos]]
-    if n395 < 0:
-        n395, pos = _rlong(buf, pos)
-        if n395 < 0:
-            raise _length_error(n395, end - pos)
+    q440 = pos + n439
+    if q440 > end:
+        raise _length_error(n439, end - pos)
+    f_pod_id = buf[pos:q440].decode()
+    pos = q440
+    n441 = _ZL[buf[pos]]
+    if n441 < 0:
+        n441, pos = _rlong(buf, pos)
+        if n441 < 0:
+            raise _length_error(n441, end - pos)
     else:
         pos += 1
-    q396 = pos + n395
-    if q396 > end:
-        raise _length_error(n395, end - pos)
-    f_tenant = buf[pos:q396].decode()
-    pos = q396
+    q442 = pos + n441
+    if q442 > end:
+        raise _length_error(n441, end - pos)
+    f_tenant = buf[pos:q442].decode()
+    pos = q442
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1165,185 +1243,185 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc397: list[Any] = []
+        acc443: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c398 = _ZD[b]
+                c444 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c398 = (z >> 1) ^ -(z & 1)
+                c444 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c398 = (z >> 1) ^ -(z & 1)
+                c444 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c398, pos = _rlong(buf, pos)
-            if c398 == 0:
+                c444, pos = _rlong(buf, pos)
+            if c444 == 0:
                 break
-            if c398 < 0:
-                c398 = -c398
+            if c444 < 0:
+                c444 = -c444
                 b = buf[pos]
                 if b < 128:
-                    z401 = _ZD[b]
+                    z447 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z401 = (z >> 1) ^ -(z & 1)
+                    z447 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z401 = (z >> 1) ^ -(z & 1)
+                    z447 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z401, pos = _rlong(buf, pos)
-            if c398 * 1 > end - pos:
-                raise _count_error(c398, end - pos)
-            for _ in range(c398):
-                n402 = _ZL[buf[pos]]
-                if n402 < 0:
-                    n402, pos = _rlong(buf, pos)
-                    if n402 < 0:
-                        raise _length_error(n402, end - pos)
+                    z447, pos = _rlong(buf, pos)
+            if c444 * 1 > end - pos:
+                raise _count_error(c444, end - pos)
+            for _ in range(c444):
+                n448 = _ZL[buf[pos]]
+                if n448 < 0:
+                    n448, pos = _rlong(buf, pos)
+                    if n448 < 0:
+                        raise _length_error(n448, end - pos)
                 else:
                     pos += 1
-                q403 = pos + n402
-                if q403 > end:
-                    raise _length_error(n402, end - pos)
-                x399 = buf[pos:q403].decode()
-                pos = q403
-                acc397.append(x399)
-        f_gpu_models = tuple(acc397)
+                q449 = pos + n448
+                if q449 > end:
+                    raise _length_error(n448, end - pos)
+                x445 = buf[pos:q449].decode()
+                pos = q449
+                acc443.append(x445)
+        f_gpu_models = tuple(acc443)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc404: dict[str, Any] = {}
+        acc450: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c405 = _ZD[b]
+                c451 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c405 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c405 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c405, pos = _rlong(buf, pos)
-            if c405 == 0:
+                c451, pos = _rlong(buf, pos)
+            if c451 == 0:
                 break
-            if c405 < 0:
-                c405 = -c405
+            if c451 < 0:
+                c451 = -c451
                 b = buf[pos]
                 if b < 128:
-                    z408 = _ZD[b]
+                    z454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z408 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z408, pos = _rlong(buf, pos)
-            if c405 * 2 > end - pos:
-                raise _count_error(c405, end - pos)
-            for _ in range(c405):
-                n409 = _ZL[buf[pos]]
-                if n409 < 0:
-                    n409, pos = _rlong(buf, pos)
-                    if n409 < 0:
-                        raise _length_error(n409, end - pos)
+                    z454, pos = _rlong(buf, pos)
+            if c451 * 2 > end - pos:
+                raise _count_error(c451, end - pos)
+            for _ in range(c451):
+                n455 = _ZL[buf[pos]]
+                if n455 < 0:
+                    n455, pos = _rlong(buf, pos)
+                    if n455 < 0:
+                        raise _length_error(n455, end - pos)
                 else:
                     pos += 1
-                q410 = pos + n409
-                if q410 > end:
-                    raise _length_error(n409, end - pos)
-                k407 = buf[pos:q410].decode()
-                pos = q410
-                n411 = _ZL[buf[pos]]
-                if n411 < 0:
-                    n411, pos = _rlong(buf, pos)
-                    if n411 < 0:
-                        raise _length_error(n411, end - pos)
+                q456 = pos + n455
+                if q456 > end:
+                    raise _length_error(n455, end - pos)
+                k453 = buf[pos:q456].decode()
+                pos = q456
+                n457 = _ZL[buf[pos]]
+                if n457 < 0:
+                    n457, pos = _rlong(buf, pos)
+                    if n457 < 0:
+                        raise _length_error(n457, end - pos)
                 else:
                     pos += 1
-                q412 = pos + n411
-                if q412 > end:
-                    raise _length_error(n411, end - pos)
-                x406 = buf[pos:q412].decode()
-                pos = q412
-                acc404[k407] = x406
-        f_node_selector = acc404
+                q458 = pos + n457
+                if q458 > end:
+                    raise _length_error(n457, end - pos)
+                x452 = buf[pos:q458].decode()
+                pos = q458
+                acc450[k453] = x452
+        f_node_selector = acc450
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc413: list[Any] = []
+        acc459: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c414 = _ZD[b]
+                c460 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c414 = (z >> 1) ^ -(z & 1)
+                c460 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c414 = (z >> 1) ^ -(z & 1)
+                c460 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c414, pos = _rlong(buf, pos)
-            if c414 == 0:
+                c460, pos = _rlong(buf, pos)
+            if c460 == 0:
                 break
-            if c414 < 0:
-                c414 = -c414
+            if c460 < 0:
+                c460 = -c460
                 b = buf[pos]
                 if b < 128:
-                    z417 = _ZD[b]
+                    z463 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z463 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z417 = (z >> 1) ^ -(z & 1)
+                    z463 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z417, pos = _rlong(buf, pos)
-            if c414 * 4 > end - pos:
-                raise _count_error(c414, end - pos)
-            for _ in range(c414):
-                x415, pos = _d_Toleration417(buf, pos, end)
-                acc413.append(x415)
-        f_tolerations = tuple(acc413)
+                    z463, pos = _rlong(buf, pos)
+            if c460 * 4 > end - pos:
+                raise _count_error(c460, end - pos)
+            for _ in range(c460):
+                x461, pos = _d_Toleration463(buf, pos, end)
+                acc459.append(x461)
+        f_tolerations = tuple(acc459)
     b = buf[pos]
     if b < 128:
-        i427 = _ZD[b]
+        i473 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i427 = (z >> 1) ^ -(z & 1)
+        i473 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i427 = (z >> 1) ^ -(z & 1)
+        i473 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i427, pos = _rlong(buf, pos)
-    if i427 == 0:
+        i473, pos = _rlong(buf, pos)
+    if i473 == 0:
         f_time_limit_ms = None
-    elif i427 == 1:
+    elif i473 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1359,86 +1437,86 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i427, 2)
+        raise _union_error(i473, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc428: list[Any] = []
+        acc474: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c429 = _ZD[b]
+                c475 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c429 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c429 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c429, pos = _rlong(buf, pos)
-            if c429 == 0:
+                c475, pos = _rlong(buf, pos)
+            if c475 == 0:
                 break
-            if c429 < 0:
-                c429 = -c429
+            if c475 < 0:
+                c475 = -c475
                 b = buf[pos]
                 if b < 128:
-                    z432 = _ZD[b]
+                    z478 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z432 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z432, pos = _rlong(buf, pos)
-            if c429 * 1 > end - pos:
-                raise _count_error(c429, end - pos)
-            for _ in range(c429):
-                n433 = _ZL[buf[pos]]
-                if n433 < 0:
-                    n433, pos = _rlong(buf, pos)
-                    if n433 < 0:
-                        raise _length_error(n433, end - pos)
+                    z478, pos = _rlong(buf, pos)
+            if c475 * 1 > end - pos:
+                raise _count_error(c475, end - pos)
+            for _ in range(c475):
+                n479 = _ZL[buf[pos]]
+                if n479 < 0:
+                    n479, pos = _rlong(buf, pos)
+                    if n479 < 0:
+                        raise _length_error(n479, end - pos)
                 else:
                     pos += 1
-                q434 = pos + n433
-                if q434 > end:
-                    raise _length_error(n433, end - pos)
-                x430 = buf[pos:q434].decode()
-                pos = q434
-                acc428.append(x430)
-        f_depends_on = tuple(acc428)
-    n435 = _ZL[buf[pos]]
-    if n435 < 0:
-        n435, pos = _rlong(buf, pos)
-        if n435 < 0:
-            raise _length_error(n435, end - pos)
+                q480 = pos + n479
+                if q480 > end:
+                    raise _length_error(n479, end - pos)
+                x476 = buf[pos:q480].decode()
+                pos = q480
+                acc474.append(x476)
+        f_depends_on = tuple(acc474)
+    n481 = _ZL[buf[pos]]
+    if n481 < 0:
+        n481, pos = _rlong(buf, pos)
+        if n481 < 0:
+            raise _length_error(n481, end - pos)
     else:
         pos += 1
-    q436 = pos + n435
-    if q436 > end:
-        raise _length_error(n435, end - pos)
-    f_dependency = buf[pos:q436].decode()
-    pos = q436
-    n437 = _ZL[buf[pos]]
-    if n437 < 0:
-        n437, pos = _rlong(buf, pos)
-        if n437 < 0:
-            raise _length_error(n437, end - pos)
+    q482 = pos + n481
+    if q482 > end:
+        raise _length_error(n481, end - pos)
+    f_dependency = buf[pos:q482].decode()
+    pos = q482
+    n483 = _ZL[buf[pos]]
+    if n483 < 0:
+        n483, pos = _rlong(buf, pos)
+        if n483 < 0:
+            raise _length_error(n483, end - pos)
     else:
         pos += 1
-    q438 = pos + n437
-    if q438 > end:
-        raise _length_error(n437, end - pos)
-    f_preemption = buf[pos:q438].decode()
-    pos = q438
+    q484 = pos + n483
+    if q484 > end:
+        raise _length_error(n483, end - pos)
+    f_preemption = buf[pos:q484].decode()
+    pos = q484
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1457,119 +1535,119 @@ def _d_SubmitPod391(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i439 = _ZD[b]
+        i485 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i439 = (z >> 1) ^ -(z & 1)
+        i485 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i439 = (z >> 1) ^ -(z & 1)
+        i485 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i439, pos = _rlong(buf, pos)
-    if i439 == 0:
+        i485, pos = _rlong(buf, pos)
+    if i485 == 0:
         f_retry = None
-    elif i439 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i485 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i439, 2)
+        raise _union_error(i485, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release440(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release486(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n442 = _ZL[buf[pos]]
-    if n442 < 0:
-        n442, pos = _rlong(buf, pos)
-        if n442 < 0:
-            raise _length_error(n442, end - pos)
+    n488 = _ZL[buf[pos]]
+    if n488 < 0:
+        n488, pos = _rlong(buf, pos)
+        if n488 < 0:
+            raise _length_error(n488, end - pos)
     else:
         pos += 1
-    q443 = pos + n442
-    if q443 > end:
-        raise _length_error(n442, end - pos)
-    f_pod_id = buf[pos:q443].decode()
-    pos = q443
-    n444 = _ZL[buf[pos]]
-    if n444 < 0:
-        n444, pos = _rlong(buf, pos)
-        if n444 < 0:
-            raise _length_error(n444, end - pos)
+    q489 = pos + n488
+    if q489 > end:
+        raise _length_error(n488, end - pos)
+    f_pod_id = buf[pos:q489].decode()
+    pos = q489
+    n490 = _ZL[buf[pos]]
+    if n490 < 0:
+        n490, pos = _rlong(buf, pos)
+        if n490 < 0:
+            raise _length_error(n490, end - pos)
     else:
         pos += 1
-    q445 = pos + n444
-    if q445 > end:
-        raise _length_error(n444, end - pos)
-    f_reason = buf[pos:q445].decode()
-    pos = q445
+    q491 = pos + n490
+    if q491 > end:
+        raise _length_error(n490, end - pos)
+    f_reason = buf[pos:q491].decode()
+    pos = q491
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption514(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n470 = _ZL[buf[pos]]
-    if n470 < 0:
-        n470, pos = _rlong(buf, pos)
-        if n470 < 0:
-            raise _length_error(n470, end - pos)
+    n516 = _ZL[buf[pos]]
+    if n516 < 0:
+        n516, pos = _rlong(buf, pos)
+        if n516 < 0:
+            raise _length_error(n516, end - pos)
     else:
         pos += 1
-    q471 = pos + n470
-    if q471 > end:
-        raise _length_error(n470, end - pos)
-    f_within_tenant = buf[pos:q471].decode()
-    pos = q471
-    n472 = _ZL[buf[pos]]
-    if n472 < 0:
-        n472, pos = _rlong(buf, pos)
-        if n472 < 0:
-            raise _length_error(n472, end - pos)
+    q517 = pos + n516
+    if q517 > end:
+        raise _length_error(n516, end - pos)
+    f_within_tenant = buf[pos:q517].decode()
+    pos = q517
+    n518 = _ZL[buf[pos]]
+    if n518 < 0:
+        n518, pos = _rlong(buf, pos)
+        if n518 < 0:
+            raise _length_error(n518, end - pos)
     else:
         pos += 1
-    q473 = pos + n472
-    if q473 > end:
-        raise _length_error(n472, end - pos)
-    f_reclaim_within_cohort = buf[pos:q473].decode()
-    pos = q473
-    n474 = _ZL[buf[pos]]
-    if n474 < 0:
-        n474, pos = _rlong(buf, pos)
-        if n474 < 0:
-            raise _length_error(n474, end - pos)
+    q519 = pos + n518
+    if q519 > end:
+        raise _length_error(n518, end - pos)
+    f_reclaim_within_cohort = buf[pos:q519].decode()
+    pos = q519
+    n520 = _ZL[buf[pos]]
+    if n520 < 0:
+        n520, pos = _rlong(buf, pos)
+        if n520 < 0:
+            raise _length_error(n520, end - pos)
     else:
         pos += 1
-    q475 = pos + n474
-    if q475 > end:
-        raise _length_error(n474, end - pos)
-    f_borrow_within_cohort = buf[pos:q475].decode()
-    pos = q475
+    q521 = pos + n520
+    if q521 > end:
+        raise _length_error(n520, end - pos)
+    f_borrow_within_cohort = buf[pos:q521].decode()
+    pos = q521
     b = buf[pos]
     if b < 128:
-        i476 = _ZD[b]
+        i522 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i476 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i476 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i476, pos = _rlong(buf, pos)
-    if i476 == 0:
+        i522, pos = _rlong(buf, pos)
+    if i522 == 0:
         f_borrow_max_victim_priority = None
-    elif i476 == 1:
+    elif i522 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1585,12 +1663,12 @@ def _d_QuotaPreemption468(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i476, 2)
+        raise _union_error(i522, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota498(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1601,121 +1679,121 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_preemption: Any
     b = buf[pos]
     if b < 128:
-        i454 = _ZD[b]
+        i500 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i454 = (z >> 1) ^ -(z & 1)
+        i500 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i454 = (z >> 1) ^ -(z & 1)
+        i500 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i454, pos = _rlong(buf, pos)
-    if i454 == 0:
+        i500, pos = _rlong(buf, pos)
+    if i500 == 0:
         f_cohort = None
-    elif i454 == 1:
-        n455 = _ZL[buf[pos]]
-        if n455 < 0:
-            n455, pos = _rlong(buf, pos)
-            if n455 < 0:
-                raise _length_error(n455, end - pos)
+    elif i500 == 1:
+        n501 = _ZL[buf[pos]]
+        if n501 < 0:
+            n501, pos = _rlong(buf, pos)
+            if n501 < 0:
+                raise _length_error(n501, end - pos)
         else:
             pos += 1
-        q456 = pos + n455
-        if q456 > end:
-            raise _length_error(n455, end - pos)
-        f_cohort = buf[pos:q456].decode()
-        pos = q456
+        q502 = pos + n501
+        if q502 > end:
+            raise _length_error(n501, end - pos)
+        f_cohort = buf[pos:q502].decode()
+        pos = q502
     else:
-        raise _union_error(i454, 2)
+        raise _union_error(i500, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc457: dict[str, Any] = {}
+        acc503: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c458 = _ZD[b]
+                c504 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c458 = (z >> 1) ^ -(z & 1)
+                c504 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c458 = (z >> 1) ^ -(z & 1)
+                c504 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c458, pos = _rlong(buf, pos)
-            if c458 == 0:
+                c504, pos = _rlong(buf, pos)
+            if c504 == 0:
                 break
-            if c458 < 0:
-                c458 = -c458
+            if c504 < 0:
+                c504 = -c504
                 b = buf[pos]
                 if b < 128:
-                    z461 = _ZD[b]
+                    z507 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z461 = (z >> 1) ^ -(z & 1)
+                    z507 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z461 = (z >> 1) ^ -(z & 1)
+                    z507 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z461, pos = _rlong(buf, pos)
-            if c458 * 2 > end - pos:
-                raise _count_error(c458, end - pos)
-            for _ in range(c458):
-                n462 = _ZL[buf[pos]]
-                if n462 < 0:
-                    n462, pos = _rlong(buf, pos)
-                    if n462 < 0:
-                        raise _length_error(n462, end - pos)
+                    z507, pos = _rlong(buf, pos)
+            if c504 * 2 > end - pos:
+                raise _count_error(c504, end - pos)
+            for _ in range(c504):
+                n508 = _ZL[buf[pos]]
+                if n508 < 0:
+                    n508, pos = _rlong(buf, pos)
+                    if n508 < 0:
+                        raise _length_error(n508, end - pos)
                 else:
                     pos += 1
-                q463 = pos + n462
-                if q463 > end:
-                    raise _length_error(n462, end - pos)
-                k460 = buf[pos:q463].decode()
-                pos = q463
+                q509 = pos + n508
+                if q509 > end:
+                    raise _length_error(n508, end - pos)
+                k506 = buf[pos:q509].decode()
+                pos = q509
                 b = buf[pos]
                 if b < 128:
-                    x459 = _ZD[b]
+                    x505 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x459 = (z >> 1) ^ -(z & 1)
+                    x505 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x459 = (z >> 1) ^ -(z & 1)
+                    x505 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x459, pos = _rlong(buf, pos)
-                acc457[k460] = x459
-        f_nominal_gpus = acc457
+                    x505, pos = _rlong(buf, pos)
+                acc503[k506] = x505
+        f_nominal_gpus = acc503
     b = buf[pos]
     if b < 128:
-        i464 = _ZD[b]
+        i510 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i464 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i464 = (z >> 1) ^ -(z & 1)
+        i510 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i464, pos = _rlong(buf, pos)
-    if i464 == 0:
+        i510, pos = _rlong(buf, pos)
+    if i510 == 0:
         f_nominal_cpu_milli = None
-    elif i464 == 1:
+    elif i510 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -1731,24 +1809,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i464, 2)
+        raise _union_error(i510, 2)
     b = buf[pos]
     if b < 128:
-        i465 = _ZD[b]
+        i511 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i465 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i465 = (z >> 1) ^ -(z & 1)
+        i511 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i465, pos = _rlong(buf, pos)
-    if i465 == 0:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
         f_nominal_memory_mib = None
-    elif i465 == 1:
+    elif i511 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1764,24 +1842,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i465, 2)
+        raise _union_error(i511, 2)
     b = buf[pos]
     if b < 128:
-        i466 = _ZD[b]
+        i512 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i466 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i466 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i466, pos = _rlong(buf, pos)
-    if i466 == 0:
+        i512, pos = _rlong(buf, pos)
+    if i512 == 0:
         f_borrowing_limit_gpus = None
-    elif i466 == 1:
+    elif i512 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1797,24 +1875,24 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i466, 2)
+        raise _union_error(i512, 2)
     b = buf[pos]
     if b < 128:
-        i467 = _ZD[b]
+        i513 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i467 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i467 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i467, pos = _rlong(buf, pos)
-    if i467 == 0:
+        i513, pos = _rlong(buf, pos)
+    if i513 == 0:
         f_lending_limit_gpus = None
-    elif i467 == 1:
+    elif i513 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1830,7 +1908,7 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i467, 2)
+        raise _union_error(i513, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1847,63 +1925,63 @@ def _d_Quota452(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i468 = _ZD[b]
+        i514 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i468 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i468 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i468, pos = _rlong(buf, pos)
-    if i468 == 0:
+        i514, pos = _rlong(buf, pos)
+    if i514 == 0:
         f_preemption = None
-    elif i468 == 1:
-        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
+    elif i514 == 1:
+        f_preemption, pos = _d_QuotaPreemption514(buf, pos, end)
     else:
-        raise _union_error(i468, 2)
+        raise _union_error(i514, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy491(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n447 = _ZL[buf[pos]]
-    if n447 < 0:
-        n447, pos = _rlong(buf, pos)
-        if n447 < 0:
-            raise _length_error(n447, end - pos)
+    n493 = _ZL[buf[pos]]
+    if n493 < 0:
+        n493, pos = _rlong(buf, pos)
+        if n493 < 0:
+            raise _length_error(n493, end - pos)
     else:
         pos += 1
-    q448 = pos + n447
-    if q448 > end:
-        raise _length_error(n447, end - pos)
-    f_policy = buf[pos:q448].decode()
-    pos = q448
+    q494 = pos + n493
+    if q494 > end:
+        raise _length_error(n493, end - pos)
+    f_policy = buf[pos:q494].decode()
+    pos = q494
     b = buf[pos]
     if b < 128:
-        i449 = _ZD[b]
+        i495 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i449 = (z >> 1) ^ -(z & 1)
+        i495 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i449 = (z >> 1) ^ -(z & 1)
+        i495 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i449, pos = _rlong(buf, pos)
-    if i449 == 0:
+        i495, pos = _rlong(buf, pos)
+    if i495 == 0:
         f_reserve_after_ms = None
-    elif i449 == 1:
+    elif i495 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1919,56 +1997,56 @@ def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i449, 2)
-    n450 = _ZL[buf[pos]]
-    if n450 < 0:
-        n450, pos = _rlong(buf, pos)
-        if n450 < 0:
-            raise _length_error(n450, end - pos)
+        raise _union_error(i495, 2)
+    n496 = _ZL[buf[pos]]
+    if n496 < 0:
+        n496, pos = _rlong(buf, pos)
+        if n496 < 0:
+            raise _length_error(n496, end - pos)
     else:
         pos += 1
-    q451 = pos + n450
-    if q451 > end:
-        raise _length_error(n450, end - pos)
-    f_queue_order = buf[pos:q451].decode()
-    pos = q451
+    q497 = pos + n496
+    if q497 > end:
+        raise _length_error(n496, end - pos)
+    f_queue_order = buf[pos:q497].decode()
+    pos = q497
     b = buf[pos]
     if b < 128:
-        i452 = _ZD[b]
+        i498 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i452 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i452 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i452, pos = _rlong(buf, pos)
-    if i452 == 0:
+        i498, pos = _rlong(buf, pos)
+    if i498 == 0:
         f_default_quota = None
-    elif i452 == 1:
-        f_default_quota, pos = _d_Quota452(buf, pos, end)
+    elif i498 == 1:
+        f_default_quota, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i452, 2)
+        raise _union_error(i498, 2)
     b = buf[pos]
     if b < 128:
-        i477 = _ZD[b]
+        i523 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i477 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i477 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i477, pos = _rlong(buf, pos)
-    if i477 == 0:
+        i523, pos = _rlong(buf, pos)
+    if i523 == 0:
         f_max_clock_jump_ms = None
-    elif i477 == 1:
+    elif i523 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -1984,12 +2062,12 @@ def _d_SetPolicy445(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i477, 2)
+        raise _union_error(i523, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember533(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -1998,18 +2076,19 @@ def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n489 = _ZL[buf[pos]]
-    if n489 < 0:
-        n489, pos = _rlong(buf, pos)
-        if n489 < 0:
-            raise _length_error(n489, end - pos)
+    f_role: Any
+    n535 = _ZL[buf[pos]]
+    if n535 < 0:
+        n535, pos = _rlong(buf, pos)
+        if n535 < 0:
+            raise _length_error(n535, end - pos)
     else:
         pos += 1
-    q490 = pos + n489
-    if q490 > end:
-        raise _length_error(n489, end - pos)
-    f_pod_id = buf[pos:q490].decode()
-    pos = q490
+    q536 = pos + n535
+    if q536 > end:
+        raise _length_error(n535, end - pos)
+    f_pod_id = buf[pos:q536].decode()
+    pos = q536
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2070,173 +2149,204 @@ def _d_GangMember487(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc491: list[Any] = []
+        acc537: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c492 = _ZD[b]
+                c538 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c492 = (z >> 1) ^ -(z & 1)
+                c538 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c492 = (z >> 1) ^ -(z & 1)
+                c538 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c492, pos = _rlong(buf, pos)
-            if c492 == 0:
+                c538, pos = _rlong(buf, pos)
+            if c538 == 0:
                 break
-            if c492 < 0:
-                c492 = -c492
+            if c538 < 0:
+                c538 = -c538
                 b = buf[pos]
                 if b < 128:
-                    z495 = _ZD[b]
+                    z541 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z541 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z495 = (z >> 1) ^ -(z & 1)
+                    z541 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z495, pos = _rlong(buf, pos)
-            if c492 * 1 > end - pos:
-                raise _count_error(c492, end - pos)
-            for _ in range(c492):
-                n496 = _ZL[buf[pos]]
-                if n496 < 0:
-                    n496, pos = _rlong(buf, pos)
-                    if n496 < 0:
-                        raise _length_error(n496, end - pos)
+                    z541, pos = _rlong(buf, pos)
+            if c538 * 1 > end - pos:
+                raise _count_error(c538, end - pos)
+            for _ in range(c538):
+                n542 = _ZL[buf[pos]]
+                if n542 < 0:
+                    n542, pos = _rlong(buf, pos)
+                    if n542 < 0:
+                        raise _length_error(n542, end - pos)
                 else:
                     pos += 1
-                q497 = pos + n496
-                if q497 > end:
-                    raise _length_error(n496, end - pos)
-                x493 = buf[pos:q497].decode()
-                pos = q497
-                acc491.append(x493)
-        f_gpu_models = tuple(acc491)
+                q543 = pos + n542
+                if q543 > end:
+                    raise _length_error(n542, end - pos)
+                x539 = buf[pos:q543].decode()
+                pos = q543
+                acc537.append(x539)
+        f_gpu_models = tuple(acc537)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc498: dict[str, Any] = {}
+        acc544: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c499 = _ZD[b]
+                c545 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c499 = (z >> 1) ^ -(z & 1)
+                c545 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c499 = (z >> 1) ^ -(z & 1)
+                c545 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c499, pos = _rlong(buf, pos)
-            if c499 == 0:
+                c545, pos = _rlong(buf, pos)
+            if c545 == 0:
                 break
-            if c499 < 0:
-                c499 = -c499
+            if c545 < 0:
+                c545 = -c545
                 b = buf[pos]
                 if b < 128:
-                    z502 = _ZD[b]
+                    z548 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z502 = (z >> 1) ^ -(z & 1)
+                    z548 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z502 = (z >> 1) ^ -(z & 1)
+                    z548 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z502, pos = _rlong(buf, pos)
-            if c499 * 2 > end - pos:
-                raise _count_error(c499, end - pos)
-            for _ in range(c499):
-                n503 = _ZL[buf[pos]]
-                if n503 < 0:
-                    n503, pos = _rlong(buf, pos)
-                    if n503 < 0:
-                        raise _length_error(n503, end - pos)
+                    z548, pos = _rlong(buf, pos)
+            if c545 * 2 > end - pos:
+                raise _count_error(c545, end - pos)
+            for _ in range(c545):
+                n549 = _ZL[buf[pos]]
+                if n549 < 0:
+                    n549, pos = _rlong(buf, pos)
+                    if n549 < 0:
+                        raise _length_error(n549, end - pos)
                 else:
                     pos += 1
-                q504 = pos + n503
-                if q504 > end:
-                    raise _length_error(n503, end - pos)
-                k501 = buf[pos:q504].decode()
-                pos = q504
-                n505 = _ZL[buf[pos]]
-                if n505 < 0:
-                    n505, pos = _rlong(buf, pos)
-                    if n505 < 0:
-                        raise _length_error(n505, end - pos)
+                q550 = pos + n549
+                if q550 > end:
+                    raise _length_error(n549, end - pos)
+                k547 = buf[pos:q550].decode()
+                pos = q550
+                n551 = _ZL[buf[pos]]
+                if n551 < 0:
+                    n551, pos = _rlong(buf, pos)
+                    if n551 < 0:
+                        raise _length_error(n551, end - pos)
                 else:
                     pos += 1
-                q506 = pos + n505
-                if q506 > end:
-                    raise _length_error(n505, end - pos)
-                x500 = buf[pos:q506].decode()
-                pos = q506
-                acc498[k501] = x500
-        f_node_selector = acc498
+                q552 = pos + n551
+                if q552 > end:
+                    raise _length_error(n551, end - pos)
+                x546 = buf[pos:q552].decode()
+                pos = q552
+                acc544[k547] = x546
+        f_node_selector = acc544
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc507: list[Any] = []
+        acc553: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c508 = _ZD[b]
+                c554 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c508 = (z >> 1) ^ -(z & 1)
+                c554 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c508 = (z >> 1) ^ -(z & 1)
+                c554 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c508, pos = _rlong(buf, pos)
-            if c508 == 0:
+                c554, pos = _rlong(buf, pos)
+            if c554 == 0:
                 break
-            if c508 < 0:
-                c508 = -c508
+            if c554 < 0:
+                c554 = -c554
                 b = buf[pos]
                 if b < 128:
-                    z511 = _ZD[b]
+                    z557 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z511 = (z >> 1) ^ -(z & 1)
+                    z557 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z511 = (z >> 1) ^ -(z & 1)
+                    z557 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z511, pos = _rlong(buf, pos)
-            if c508 * 4 > end - pos:
-                raise _count_error(c508, end - pos)
-            for _ in range(c508):
-                x509, pos = _d_Toleration417(buf, pos, end)
-                acc507.append(x509)
-        f_tolerations = tuple(acc507)
-    o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
+                    z557, pos = _rlong(buf, pos)
+            if c554 * 4 > end - pos:
+                raise _count_error(c554, end - pos)
+            for _ in range(c554):
+                x555, pos = _d_Toleration463(buf, pos, end)
+                acc553.append(x555)
+        f_tolerations = tuple(acc553)
+    b = buf[pos]
+    if b < 128:
+        i558 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i558 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i558 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i558, pos = _rlong(buf, pos)
+    if i558 == 0:
+        f_role = None
+    elif i558 == 1:
+        n559 = _ZL[buf[pos]]
+        if n559 < 0:
+            n559, pos = _rlong(buf, pos)
+            if n559 < 0:
+                raise _length_error(n559, end - pos)
+        else:
+            pos += 1
+        q560 = pos + n559
+        if q560 > end:
+            raise _length_error(n559, end - pos)
+        f_role = buf[pos:q560].decode()
+        pos = q560
+    else:
+        raise _union_error(i558, 2)
+    o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_role)
     return o, pos
 
 
-def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang523(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2252,30 +2362,31 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_retry: Any
     f_preemptible: bool
     f_disruption: str
-    n479 = _ZL[buf[pos]]
-    if n479 < 0:
-        n479, pos = _rlong(buf, pos)
-        if n479 < 0:
-            raise _length_error(n479, end - pos)
+    f_min_members_per_role: dict[str, Any]
+    n525 = _ZL[buf[pos]]
+    if n525 < 0:
+        n525, pos = _rlong(buf, pos)
+        if n525 < 0:
+            raise _length_error(n525, end - pos)
     else:
         pos += 1
-    q480 = pos + n479
-    if q480 > end:
-        raise _length_error(n479, end - pos)
-    f_gang_id = buf[pos:q480].decode()
-    pos = q480
-    n481 = _ZL[buf[pos]]
-    if n481 < 0:
-        n481, pos = _rlong(buf, pos)
-        if n481 < 0:
-            raise _length_error(n481, end - pos)
+    q526 = pos + n525
+    if q526 > end:
+        raise _length_error(n525, end - pos)
+    f_gang_id = buf[pos:q526].decode()
+    pos = q526
+    n527 = _ZL[buf[pos]]
+    if n527 < 0:
+        n527, pos = _rlong(buf, pos)
+        if n527 < 0:
+            raise _length_error(n527, end - pos)
     else:
         pos += 1
-    q482 = pos + n481
-    if q482 > end:
-        raise _length_error(n481, end - pos)
-    f_tenant = buf[pos:q482].decode()
-    pos = q482
+    q528 = pos + n527
+    if q528 > end:
+        raise _length_error(n527, end - pos)
+    f_tenant = buf[pos:q528].decode()
+    pos = q528
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2294,63 +2405,63 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc483: list[Any] = []
+        acc529: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c484 = _ZD[b]
+                c530 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c484 = (z >> 1) ^ -(z & 1)
+                c530 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c484 = (z >> 1) ^ -(z & 1)
+                c530 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c484, pos = _rlong(buf, pos)
-            if c484 == 0:
+                c530, pos = _rlong(buf, pos)
+            if c530 == 0:
                 break
-            if c484 < 0:
-                c484 = -c484
+            if c530 < 0:
+                c530 = -c530
                 b = buf[pos]
                 if b < 128:
-                    z487 = _ZD[b]
+                    z533 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z487 = (z >> 1) ^ -(z & 1)
+                    z533 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z487 = (z >> 1) ^ -(z & 1)
+                    z533 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z487, pos = _rlong(buf, pos)
-            if c484 * 8 > end - pos:
-                raise _count_error(c484, end - pos)
-            for _ in range(c484):
-                x485, pos = _d_GangMember487(buf, pos, end)
-                acc483.append(x485)
-        f_members = tuple(acc483)
+                    z533, pos = _rlong(buf, pos)
+            if c530 * 9 > end - pos:
+                raise _count_error(c530, end - pos)
+            for _ in range(c530):
+                x531, pos = _d_GangMember533(buf, pos, end)
+                acc529.append(x531)
+        f_members = tuple(acc529)
     b = buf[pos]
     if b < 128:
-        i512 = _ZD[b]
+        i561 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i512 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i512 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i512, pos = _rlong(buf, pos)
-    if i512 == 0:
+        i561, pos = _rlong(buf, pos)
+    if i561 == 0:
         f_min_members = None
-    elif i512 == 1:
+    elif i561 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2366,86 +2477,86 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i512, 2)
+        raise _union_error(i561, 2)
     b = buf[pos]
     if b < 128:
-        i513 = _ZD[b]
+        i562 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i513 = (z >> 1) ^ -(z & 1)
+        i562 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i513 = (z >> 1) ^ -(z & 1)
+        i562 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i513, pos = _rlong(buf, pos)
-    if i513 == 0:
+        i562, pos = _rlong(buf, pos)
+    if i562 == 0:
         f_topology_required = None
-    elif i513 == 1:
-        n514 = _ZL[buf[pos]]
-        if n514 < 0:
-            n514, pos = _rlong(buf, pos)
-            if n514 < 0:
-                raise _length_error(n514, end - pos)
+    elif i562 == 1:
+        n563 = _ZL[buf[pos]]
+        if n563 < 0:
+            n563, pos = _rlong(buf, pos)
+            if n563 < 0:
+                raise _length_error(n563, end - pos)
         else:
             pos += 1
-        q515 = pos + n514
-        if q515 > end:
-            raise _length_error(n514, end - pos)
-        f_topology_required = buf[pos:q515].decode()
-        pos = q515
+        q564 = pos + n563
+        if q564 > end:
+            raise _length_error(n563, end - pos)
+        f_topology_required = buf[pos:q564].decode()
+        pos = q564
     else:
-        raise _union_error(i513, 2)
+        raise _union_error(i562, 2)
     b = buf[pos]
     if b < 128:
-        i516 = _ZD[b]
+        i565 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i516 = (z >> 1) ^ -(z & 1)
+        i565 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i516 = (z >> 1) ^ -(z & 1)
+        i565 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i516, pos = _rlong(buf, pos)
-    if i516 == 0:
+        i565, pos = _rlong(buf, pos)
+    if i565 == 0:
         f_topology_preferred = None
-    elif i516 == 1:
-        n517 = _ZL[buf[pos]]
-        if n517 < 0:
-            n517, pos = _rlong(buf, pos)
-            if n517 < 0:
-                raise _length_error(n517, end - pos)
+    elif i565 == 1:
+        n566 = _ZL[buf[pos]]
+        if n566 < 0:
+            n566, pos = _rlong(buf, pos)
+            if n566 < 0:
+                raise _length_error(n566, end - pos)
         else:
             pos += 1
-        q518 = pos + n517
-        if q518 > end:
-            raise _length_error(n517, end - pos)
-        f_topology_preferred = buf[pos:q518].decode()
-        pos = q518
+        q567 = pos + n566
+        if q567 > end:
+            raise _length_error(n566, end - pos)
+        f_topology_preferred = buf[pos:q567].decode()
+        pos = q567
     else:
-        raise _union_error(i516, 2)
+        raise _union_error(i565, 2)
     b = buf[pos]
     if b < 128:
-        i519 = _ZD[b]
+        i568 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i519 = (z >> 1) ^ -(z & 1)
+        i568 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i519 = (z >> 1) ^ -(z & 1)
+        i568 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i519, pos = _rlong(buf, pos)
-    if i519 == 0:
+        i568, pos = _rlong(buf, pos)
+    if i568 == 0:
         f_timeout_ms = None
-    elif i519 == 1:
+    elif i568 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2461,24 +2572,24 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i519, 2)
+        raise _union_error(i568, 2)
     b = buf[pos]
     if b < 128:
-        i520 = _ZD[b]
+        i569 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i520 = (z >> 1) ^ -(z & 1)
+        i569 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i520 = (z >> 1) ^ -(z & 1)
+        i569 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i520, pos = _rlong(buf, pos)
-    if i520 == 0:
+        i569, pos = _rlong(buf, pos)
+    if i569 == 0:
         f_time_limit_ms = None
-    elif i520 == 1:
+    elif i569 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2494,156 +2605,225 @@ def _d_SubmitGang477(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i520, 2)
+        raise _union_error(i569, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc521: list[Any] = []
+        acc570: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c522 = _ZD[b]
+                c571 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c522 = (z >> 1) ^ -(z & 1)
+                c571 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c522 = (z >> 1) ^ -(z & 1)
+                c571 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c522, pos = _rlong(buf, pos)
-            if c522 == 0:
+                c571, pos = _rlong(buf, pos)
+            if c571 == 0:
                 break
-            if c522 < 0:
-                c522 = -c522
+            if c571 < 0:
+                c571 = -c571
                 b = buf[pos]
                 if b < 128:
-                    z525 = _ZD[b]
+                    z574 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z525 = (z >> 1) ^ -(z & 1)
+                    z574 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z525 = (z >> 1) ^ -(z & 1)
+                    z574 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z525, pos = _rlong(buf, pos)
-            if c522 * 1 > end - pos:
-                raise _count_error(c522, end - pos)
-            for _ in range(c522):
-                n526 = _ZL[buf[pos]]
-                if n526 < 0:
-                    n526, pos = _rlong(buf, pos)
-                    if n526 < 0:
-                        raise _length_error(n526, end - pos)
+                    z574, pos = _rlong(buf, pos)
+            if c571 * 1 > end - pos:
+                raise _count_error(c571, end - pos)
+            for _ in range(c571):
+                n575 = _ZL[buf[pos]]
+                if n575 < 0:
+                    n575, pos = _rlong(buf, pos)
+                    if n575 < 0:
+                        raise _length_error(n575, end - pos)
                 else:
                     pos += 1
-                q527 = pos + n526
-                if q527 > end:
-                    raise _length_error(n526, end - pos)
-                x523 = buf[pos:q527].decode()
-                pos = q527
-                acc521.append(x523)
-        f_depends_on = tuple(acc521)
-    n528 = _ZL[buf[pos]]
-    if n528 < 0:
-        n528, pos = _rlong(buf, pos)
-        if n528 < 0:
-            raise _length_error(n528, end - pos)
+                q576 = pos + n575
+                if q576 > end:
+                    raise _length_error(n575, end - pos)
+                x572 = buf[pos:q576].decode()
+                pos = q576
+                acc570.append(x572)
+        f_depends_on = tuple(acc570)
+    n577 = _ZL[buf[pos]]
+    if n577 < 0:
+        n577, pos = _rlong(buf, pos)
+        if n577 < 0:
+            raise _length_error(n577, end - pos)
     else:
         pos += 1
-    q529 = pos + n528
-    if q529 > end:
-        raise _length_error(n528, end - pos)
-    f_dependency = buf[pos:q529].decode()
-    pos = q529
-    n530 = _ZL[buf[pos]]
-    if n530 < 0:
-        n530, pos = _rlong(buf, pos)
-        if n530 < 0:
-            raise _length_error(n530, end - pos)
+    q578 = pos + n577
+    if q578 > end:
+        raise _length_error(n577, end - pos)
+    f_dependency = buf[pos:q578].decode()
+    pos = q578
+    n579 = _ZL[buf[pos]]
+    if n579 < 0:
+        n579, pos = _rlong(buf, pos)
+        if n579 < 0:
+            raise _length_error(n579, end - pos)
     else:
         pos += 1
-    q531 = pos + n530
-    if q531 > end:
-        raise _length_error(n530, end - pos)
-    f_preemption = buf[pos:q531].decode()
-    pos = q531
+    q580 = pos + n579
+    if q580 > end:
+        raise _length_error(n579, end - pos)
+    f_preemption = buf[pos:q580].decode()
+    pos = q580
     b = buf[pos]
     if b < 128:
-        i532 = _ZD[b]
+        i581 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i532 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i532 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i532, pos = _rlong(buf, pos)
-    if i532 == 0:
+        i581, pos = _rlong(buf, pos)
+    if i581 == 0:
         f_retry = None
-    elif i532 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i581 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i532, 2)
+        raise _union_error(i581, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
-    n533 = _ZL[buf[pos]]
-    if n533 < 0:
-        n533, pos = _rlong(buf, pos)
-        if n533 < 0:
-            raise _length_error(n533, end - pos)
+    n582 = _ZL[buf[pos]]
+    if n582 < 0:
+        n582, pos = _rlong(buf, pos)
+        if n582 < 0:
+            raise _length_error(n582, end - pos)
     else:
         pos += 1
-    q534 = pos + n533
-    if q534 > end:
-        raise _length_error(n533, end - pos)
-    f_disruption = buf[pos:q534].decode()
-    pos = q534
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption)
+    q583 = pos + n582
+    if q583 > end:
+        raise _length_error(n582, end - pos)
+    f_disruption = buf[pos:q583].decode()
+    pos = q583
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc584: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c585 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c585 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c585 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c585, pos = _rlong(buf, pos)
+            if c585 == 0:
+                break
+            if c585 < 0:
+                c585 = -c585
+                b = buf[pos]
+                if b < 128:
+                    z588 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z588 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z588 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z588, pos = _rlong(buf, pos)
+            if c585 * 2 > end - pos:
+                raise _count_error(c585, end - pos)
+            for _ in range(c585):
+                n589 = _ZL[buf[pos]]
+                if n589 < 0:
+                    n589, pos = _rlong(buf, pos)
+                    if n589 < 0:
+                        raise _length_error(n589, end - pos)
+                else:
+                    pos += 1
+                q590 = pos + n589
+                if q590 > end:
+                    raise _length_error(n589, end - pos)
+                k587 = buf[pos:q590].decode()
+                pos = q590
+                b = buf[pos]
+                if b < 128:
+                    x586 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x586 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x586 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x586, pos = _rlong(buf, pos)
+                acc584[k587] = x586
+        f_min_members_per_role = acc584
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption, f_min_members_per_role)
     return o, pos
 
 
-def _d_ReleaseGang534(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+def _d_ReleaseGang590(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
     f_gang_id: str
     f_reason: str
-    n536 = _ZL[buf[pos]]
-    if n536 < 0:
-        n536, pos = _rlong(buf, pos)
-        if n536 < 0:
-            raise _length_error(n536, end - pos)
+    n592 = _ZL[buf[pos]]
+    if n592 < 0:
+        n592, pos = _rlong(buf, pos)
+        if n592 < 0:
+            raise _length_error(n592, end - pos)
     else:
         pos += 1
-    q537 = pos + n536
-    if q537 > end:
-        raise _length_error(n536, end - pos)
-    f_gang_id = buf[pos:q537].decode()
-    pos = q537
-    n538 = _ZL[buf[pos]]
-    if n538 < 0:
-        n538, pos = _rlong(buf, pos)
-        if n538 < 0:
-            raise _length_error(n538, end - pos)
+    q593 = pos + n592
+    if q593 > end:
+        raise _length_error(n592, end - pos)
+    f_gang_id = buf[pos:q593].decode()
+    pos = q593
+    n594 = _ZL[buf[pos]]
+    if n594 < 0:
+        n594, pos = _rlong(buf, pos)
+        if n594 < 0:
+            raise _length_error(n594, end - pos)
     else:
         pos += 1
-    q539 = pos + n538
-    if q539 > end:
-        raise _length_error(n538, end - pos)
-    f_reason = buf[pos:q539].decode()
-    pos = q539
+    q595 = pos + n594
+    if q595 > end:
+        raise _length_error(n594, end - pos)
+    f_reason = buf[pos:q595].decode()
+    pos = q595
     o = _c_ReleaseGang(f_gang_id, f_reason)
     return o, pos
 
 
-def _d_Tick539(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+def _d_Tick595(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     f_force: bool
     f_partition: bool
     f_force = buf[pos] != 0
@@ -2654,7 +2834,7 @@ def _d_Tick539(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
     return o, pos
 
 
-def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+def _d_SetQuota596(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_tenant: str
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
@@ -2664,135 +2844,135 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     f_lending_limit_gpus: Any
     f_weight: int
     f_preemption: Any
-    n542 = _ZL[buf[pos]]
-    if n542 < 0:
-        n542, pos = _rlong(buf, pos)
-        if n542 < 0:
-            raise _length_error(n542, end - pos)
+    n598 = _ZL[buf[pos]]
+    if n598 < 0:
+        n598, pos = _rlong(buf, pos)
+        if n598 < 0:
+            raise _length_error(n598, end - pos)
     else:
         pos += 1
-    q543 = pos + n542
-    if q543 > end:
-        raise _length_error(n542, end - pos)
-    f_tenant = buf[pos:q543].decode()
-    pos = q543
+    q599 = pos + n598
+    if q599 > end:
+        raise _length_error(n598, end - pos)
+    f_tenant = buf[pos:q599].decode()
+    pos = q599
     b = buf[pos]
     if b < 128:
-        i544 = _ZD[b]
+        i600 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i544 = (z >> 1) ^ -(z & 1)
+        i600 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i544 = (z >> 1) ^ -(z & 1)
+        i600 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i544, pos = _rlong(buf, pos)
-    if i544 == 0:
+        i600, pos = _rlong(buf, pos)
+    if i600 == 0:
         f_cohort = None
-    elif i544 == 1:
-        n545 = _ZL[buf[pos]]
-        if n545 < 0:
-            n545, pos = _rlong(buf, pos)
-            if n545 < 0:
-                raise _length_error(n545, end - pos)
+    elif i600 == 1:
+        n601 = _ZL[buf[pos]]
+        if n601 < 0:
+            n601, pos = _rlong(buf, pos)
+            if n601 < 0:
+                raise _length_error(n601, end - pos)
         else:
             pos += 1
-        q546 = pos + n545
-        if q546 > end:
-            raise _length_error(n545, end - pos)
-        f_cohort = buf[pos:q546].decode()
-        pos = q546
+        q602 = pos + n601
+        if q602 > end:
+            raise _length_error(n601, end - pos)
+        f_cohort = buf[pos:q602].decode()
+        pos = q602
     else:
-        raise _union_error(i544, 2)
+        raise _union_error(i600, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc547: dict[str, Any] = {}
+        acc603: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c548 = _ZD[b]
+                c604 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c548 = (z >> 1) ^ -(z & 1)
+                c604 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c548 = (z >> 1) ^ -(z & 1)
+                c604 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c548, pos = _rlong(buf, pos)
-            if c548 == 0:
+                c604, pos = _rlong(buf, pos)
+            if c604 == 0:
                 break
-            if c548 < 0:
-                c548 = -c548
+            if c604 < 0:
+                c604 = -c604
                 b = buf[pos]
                 if b < 128:
-                    z551 = _ZD[b]
+                    z607 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z551 = (z >> 1) ^ -(z & 1)
+                    z607 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z551 = (z >> 1) ^ -(z & 1)
+                    z607 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z551, pos = _rlong(buf, pos)
-            if c548 * 2 > end - pos:
-                raise _count_error(c548, end - pos)
-            for _ in range(c548):
-                n552 = _ZL[buf[pos]]
-                if n552 < 0:
-                    n552, pos = _rlong(buf, pos)
-                    if n552 < 0:
-                        raise _length_error(n552, end - pos)
+                    z607, pos = _rlong(buf, pos)
+            if c604 * 2 > end - pos:
+                raise _count_error(c604, end - pos)
+            for _ in range(c604):
+                n608 = _ZL[buf[pos]]
+                if n608 < 0:
+                    n608, pos = _rlong(buf, pos)
+                    if n608 < 0:
+                        raise _length_error(n608, end - pos)
                 else:
                     pos += 1
-                q553 = pos + n552
-                if q553 > end:
-                    raise _length_error(n552, end - pos)
-                k550 = buf[pos:q553].decode()
-                pos = q553
+                q609 = pos + n608
+                if q609 > end:
+                    raise _length_error(n608, end - pos)
+                k606 = buf[pos:q609].decode()
+                pos = q609
                 b = buf[pos]
                 if b < 128:
-                    x549 = _ZD[b]
+                    x605 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x549 = (z >> 1) ^ -(z & 1)
+                    x605 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x549 = (z >> 1) ^ -(z & 1)
+                    x605 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x549, pos = _rlong(buf, pos)
-                acc547[k550] = x549
-        f_nominal_gpus = acc547
+                    x605, pos = _rlong(buf, pos)
+                acc603[k606] = x605
+        f_nominal_gpus = acc603
     b = buf[pos]
     if b < 128:
-        i554 = _ZD[b]
+        i610 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i554 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i554 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i554, pos = _rlong(buf, pos)
-    if i554 == 0:
+        i610, pos = _rlong(buf, pos)
+    if i610 == 0:
         f_nominal_cpu_milli = None
-    elif i554 == 1:
+    elif i610 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2808,24 +2988,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i554, 2)
+        raise _union_error(i610, 2)
     b = buf[pos]
     if b < 128:
-        i555 = _ZD[b]
+        i611 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i555 = (z >> 1) ^ -(z & 1)
+        i611 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i555 = (z >> 1) ^ -(z & 1)
+        i611 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i555, pos = _rlong(buf, pos)
-    if i555 == 0:
+        i611, pos = _rlong(buf, pos)
+    if i611 == 0:
         f_nominal_memory_mib = None
-    elif i555 == 1:
+    elif i611 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2841,24 +3021,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i555, 2)
+        raise _union_error(i611, 2)
     b = buf[pos]
     if b < 128:
-        i556 = _ZD[b]
+        i612 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i556 = (z >> 1) ^ -(z & 1)
+        i612 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i556 = (z >> 1) ^ -(z & 1)
+        i612 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i556, pos = _rlong(buf, pos)
-    if i556 == 0:
+        i612, pos = _rlong(buf, pos)
+    if i612 == 0:
         f_borrowing_limit_gpus = None
-    elif i556 == 1:
+    elif i612 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2874,24 +3054,24 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i556, 2)
+        raise _union_error(i612, 2)
     b = buf[pos]
     if b < 128:
-        i557 = _ZD[b]
+        i613 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i557 = (z >> 1) ^ -(z & 1)
+        i613 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i557 = (z >> 1) ^ -(z & 1)
+        i613 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i557, pos = _rlong(buf, pos)
-    if i557 == 0:
+        i613, pos = _rlong(buf, pos)
+    if i613 == 0:
         f_lending_limit_gpus = None
-    elif i557 == 1:
+    elif i613 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2907,7 +3087,7 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i557, 2)
+        raise _union_error(i613, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2924,47 +3104,47 @@ def _d_SetQuota540(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i558 = _ZD[b]
+        i614 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i558 = (z >> 1) ^ -(z & 1)
+        i614 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i558 = (z >> 1) ^ -(z & 1)
+        i614 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i558, pos = _rlong(buf, pos)
-    if i558 == 0:
+        i614, pos = _rlong(buf, pos)
+    if i614 == 0:
         f_preemption = None
-    elif i558 == 1:
-        f_preemption, pos = _d_QuotaPreemption468(buf, pos, end)
+    elif i614 == 1:
+        f_preemption, pos = _d_QuotaPreemption514(buf, pos, end)
     else:
-        raise _union_error(i558, 2)
+        raise _union_error(i614, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota558(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota614(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n560 = _ZL[buf[pos]]
-    if n560 < 0:
-        n560, pos = _rlong(buf, pos)
-        if n560 < 0:
-            raise _length_error(n560, end - pos)
+    n616 = _ZL[buf[pos]]
+    if n616 < 0:
+        n616, pos = _rlong(buf, pos)
+        if n616 < 0:
+            raise _length_error(n616, end - pos)
     else:
         pos += 1
-    q561 = pos + n560
-    if q561 > end:
-        raise _length_error(n560, end - pos)
-    f_tenant = buf[pos:q561].decode()
-    pos = q561
+    q617 = pos + n616
+    if q617 > end:
+        raise _length_error(n616, end - pos)
+    f_tenant = buf[pos:q617].decode()
+    pos = q617
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment617(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -2983,410 +3163,410 @@ def _d_Defragment561(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i563 = _ZD[b]
+        i619 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i563 = (z >> 1) ^ -(z & 1)
+        i619 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i563 = (z >> 1) ^ -(z & 1)
+        i619 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i563, pos = _rlong(buf, pos)
-    if i563 == 0:
+        i619, pos = _rlong(buf, pos)
+    if i619 == 0:
         f_target = None
-    elif i563 == 1:
-        n564 = _ZL[buf[pos]]
-        if n564 < 0:
-            n564, pos = _rlong(buf, pos)
-            if n564 < 0:
-                raise _length_error(n564, end - pos)
+    elif i619 == 1:
+        n620 = _ZL[buf[pos]]
+        if n620 < 0:
+            n620, pos = _rlong(buf, pos)
+            if n620 < 0:
+                raise _length_error(n620, end - pos)
         else:
             pos += 1
-        q565 = pos + n564
-        if q565 > end:
-            raise _length_error(n564, end - pos)
-        f_target = buf[pos:q565].decode()
-        pos = q565
+        q621 = pos + n620
+        if q621 > end:
+            raise _length_error(n620, end - pos)
+        f_target = buf[pos:q621].decode()
+        pos = q621
     else:
-        raise _union_error(i563, 2)
+        raise _union_error(i619, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster565(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster621(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n567 = _ZL[buf[pos]]
-    if n567 < 0:
-        n567, pos = _rlong(buf, pos)
-        if n567 < 0:
-            raise _length_error(n567, end - pos)
+    n623 = _ZL[buf[pos]]
+    if n623 < 0:
+        n623, pos = _rlong(buf, pos)
+        if n623 < 0:
+            raise _length_error(n623, end - pos)
     else:
         pos += 1
-    q568 = pos + n567
-    if q568 > end:
-        raise _length_error(n567, end - pos)
-    f_reason = buf[pos:q568].decode()
-    pos = q568
+    q624 = pos + n623
+    if q624 > end:
+        raise _length_error(n623, end - pos)
+    f_reason = buf[pos:q624].decode()
+    pos = q624
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode568(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode624(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n570 = _ZL[buf[pos]]
-    if n570 < 0:
-        n570, pos = _rlong(buf, pos)
-        if n570 < 0:
-            raise _length_error(n570, end - pos)
+    n626 = _ZL[buf[pos]]
+    if n626 < 0:
+        n626, pos = _rlong(buf, pos)
+        if n626 < 0:
+            raise _length_error(n626, end - pos)
     else:
         pos += 1
-    q571 = pos + n570
-    if q571 > end:
-        raise _length_error(n570, end - pos)
-    f_node_id = buf[pos:q571].decode()
-    pos = q571
+    q627 = pos + n626
+    if q627 > end:
+        raise _length_error(n626, end - pos)
+    f_node_id = buf[pos:q627].decode()
+    pos = q627
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode571(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode627(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n573 = _ZL[buf[pos]]
-    if n573 < 0:
-        n573, pos = _rlong(buf, pos)
-        if n573 < 0:
-            raise _length_error(n573, end - pos)
+    n629 = _ZL[buf[pos]]
+    if n629 < 0:
+        n629, pos = _rlong(buf, pos)
+        if n629 < 0:
+            raise _length_error(n629, end - pos)
     else:
         pos += 1
-    q574 = pos + n573
-    if q574 > end:
-        raise _length_error(n573, end - pos)
-    f_node_id = buf[pos:q574].decode()
-    pos = q574
+    q630 = pos + n629
+    if q630 > end:
+        raise _length_error(n629, end - pos)
+    f_node_id = buf[pos:q630].decode()
+    pos = q630
     b = buf[pos]
     if b < 128:
-        i575 = _ZD[b]
+        i631 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i575 = (z >> 1) ^ -(z & 1)
+        i631 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i575 = (z >> 1) ^ -(z & 1)
+        i631 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i575, pos = _rlong(buf, pos)
-    if i575 == 0:
+        i631, pos = _rlong(buf, pos)
+    if i631 == 0:
         f_labels = None
-    elif i575 == 1:
+    elif i631 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc576: dict[str, Any] = {}
+            acc632: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c577 = _ZD[b]
+                    c633 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c577 = (z >> 1) ^ -(z & 1)
+                    c633 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c577 = (z >> 1) ^ -(z & 1)
+                    c633 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c577, pos = _rlong(buf, pos)
-                if c577 == 0:
+                    c633, pos = _rlong(buf, pos)
+                if c633 == 0:
                     break
-                if c577 < 0:
-                    c577 = -c577
+                if c633 < 0:
+                    c633 = -c633
                     b = buf[pos]
                     if b < 128:
-                        z580 = _ZD[b]
+                        z636 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z580 = (z >> 1) ^ -(z & 1)
+                        z636 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z580 = (z >> 1) ^ -(z & 1)
+                        z636 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z580, pos = _rlong(buf, pos)
-                if c577 * 2 > end - pos:
-                    raise _count_error(c577, end - pos)
-                for _ in range(c577):
-                    n581 = _ZL[buf[pos]]
-                    if n581 < 0:
-                        n581, pos = _rlong(buf, pos)
-                        if n581 < 0:
-                            raise _length_error(n581, end - pos)
+                        z636, pos = _rlong(buf, pos)
+                if c633 * 2 > end - pos:
+                    raise _count_error(c633, end - pos)
+                for _ in range(c633):
+                    n637 = _ZL[buf[pos]]
+                    if n637 < 0:
+                        n637, pos = _rlong(buf, pos)
+                        if n637 < 0:
+                            raise _length_error(n637, end - pos)
                     else:
                         pos += 1
-                    q582 = pos + n581
-                    if q582 > end:
-                        raise _length_error(n581, end - pos)
-                    k579 = buf[pos:q582].decode()
-                    pos = q582
-                    n583 = _ZL[buf[pos]]
-                    if n583 < 0:
-                        n583, pos = _rlong(buf, pos)
-                        if n583 < 0:
-                            raise _length_error(n583, end - pos)
+                    q638 = pos + n637
+                    if q638 > end:
+                        raise _length_error(n637, end - pos)
+                    k635 = buf[pos:q638].decode()
+                    pos = q638
+                    n639 = _ZL[buf[pos]]
+                    if n639 < 0:
+                        n639, pos = _rlong(buf, pos)
+                        if n639 < 0:
+                            raise _length_error(n639, end - pos)
                     else:
                         pos += 1
-                    q584 = pos + n583
-                    if q584 > end:
-                        raise _length_error(n583, end - pos)
-                    x578 = buf[pos:q584].decode()
-                    pos = q584
-                    acc576[k579] = x578
-            f_labels = acc576
+                    q640 = pos + n639
+                    if q640 > end:
+                        raise _length_error(n639, end - pos)
+                    x634 = buf[pos:q640].decode()
+                    pos = q640
+                    acc632[k635] = x634
+            f_labels = acc632
     else:
-        raise _union_error(i575, 2)
+        raise _union_error(i631, 2)
     b = buf[pos]
     if b < 128:
-        i585 = _ZD[b]
+        i641 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i585 = (z >> 1) ^ -(z & 1)
+        i641 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i585 = (z >> 1) ^ -(z & 1)
+        i641 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i585, pos = _rlong(buf, pos)
-    if i585 == 0:
+        i641, pos = _rlong(buf, pos)
+    if i641 == 0:
         f_taints = None
-    elif i585 == 1:
+    elif i641 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc586: list[Any] = []
+            acc642: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c587 = _ZD[b]
+                    c643 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c587 = (z >> 1) ^ -(z & 1)
+                    c643 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c587 = (z >> 1) ^ -(z & 1)
+                    c643 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c587, pos = _rlong(buf, pos)
-                if c587 == 0:
+                    c643, pos = _rlong(buf, pos)
+                if c643 == 0:
                     break
-                if c587 < 0:
-                    c587 = -c587
+                if c643 < 0:
+                    c643 = -c643
                     b = buf[pos]
                     if b < 128:
-                        z590 = _ZD[b]
+                        z646 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z590 = (z >> 1) ^ -(z & 1)
+                        z646 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z590 = (z >> 1) ^ -(z & 1)
+                        z646 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z590, pos = _rlong(buf, pos)
-                if c587 * 3 > end - pos:
-                    raise _count_error(c587, end - pos)
-                for _ in range(c587):
-                    x588, pos = _d_Taint367(buf, pos, end)
-                    acc586.append(x588)
-            f_taints = tuple(acc586)
+                        z646, pos = _rlong(buf, pos)
+                if c643 * 3 > end - pos:
+                    raise _count_error(c643, end - pos)
+                for _ in range(c643):
+                    x644, pos = _d_Taint413(buf, pos, end)
+                    acc642.append(x644)
+            f_taints = tuple(acc642)
     else:
-        raise _union_error(i585, 2)
+        raise _union_error(i641, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget646(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n592 = _ZL[buf[pos]]
-    if n592 < 0:
-        n592, pos = _rlong(buf, pos)
-        if n592 < 0:
-            raise _length_error(n592, end - pos)
+    n648 = _ZL[buf[pos]]
+    if n648 < 0:
+        n648, pos = _rlong(buf, pos)
+        if n648 < 0:
+            raise _length_error(n648, end - pos)
     else:
         pos += 1
-    q593 = pos + n592
-    if q593 > end:
-        raise _length_error(n592, end - pos)
-    f_budget_id = buf[pos:q593].decode()
-    pos = q593
+    q649 = pos + n648
+    if q649 > end:
+        raise _length_error(n648, end - pos)
+    f_budget_id = buf[pos:q649].decode()
+    pos = q649
     b = buf[pos]
     if b < 128:
-        i594 = _ZD[b]
+        i650 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i594 = (z >> 1) ^ -(z & 1)
+        i650 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i594 = (z >> 1) ^ -(z & 1)
+        i650 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i594, pos = _rlong(buf, pos)
-    if i594 == 0:
+        i650, pos = _rlong(buf, pos)
+    if i650 == 0:
         f_tenant = None
-    elif i594 == 1:
-        n595 = _ZL[buf[pos]]
-        if n595 < 0:
-            n595, pos = _rlong(buf, pos)
-            if n595 < 0:
-                raise _length_error(n595, end - pos)
+    elif i650 == 1:
+        n651 = _ZL[buf[pos]]
+        if n651 < 0:
+            n651, pos = _rlong(buf, pos)
+            if n651 < 0:
+                raise _length_error(n651, end - pos)
         else:
             pos += 1
-        q596 = pos + n595
-        if q596 > end:
-            raise _length_error(n595, end - pos)
-        f_tenant = buf[pos:q596].decode()
-        pos = q596
+        q652 = pos + n651
+        if q652 > end:
+            raise _length_error(n651, end - pos)
+        f_tenant = buf[pos:q652].decode()
+        pos = q652
     else:
-        raise _union_error(i594, 2)
+        raise _union_error(i650, 2)
     b = buf[pos]
     if b < 128:
-        i597 = _ZD[b]
+        i653 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i597 = (z >> 1) ^ -(z & 1)
+        i653 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i597 = (z >> 1) ^ -(z & 1)
+        i653 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i597, pos = _rlong(buf, pos)
-    if i597 == 0:
+        i653, pos = _rlong(buf, pos)
+    if i653 == 0:
         f_gang_id = None
-    elif i597 == 1:
-        n598 = _ZL[buf[pos]]
-        if n598 < 0:
-            n598, pos = _rlong(buf, pos)
-            if n598 < 0:
-                raise _length_error(n598, end - pos)
+    elif i653 == 1:
+        n654 = _ZL[buf[pos]]
+        if n654 < 0:
+            n654, pos = _rlong(buf, pos)
+            if n654 < 0:
+                raise _length_error(n654, end - pos)
         else:
             pos += 1
-        q599 = pos + n598
-        if q599 > end:
-            raise _length_error(n598, end - pos)
-        f_gang_id = buf[pos:q599].decode()
-        pos = q599
+        q655 = pos + n654
+        if q655 > end:
+            raise _length_error(n654, end - pos)
+        f_gang_id = buf[pos:q655].decode()
+        pos = q655
     else:
-        raise _union_error(i597, 2)
+        raise _union_error(i653, 2)
     b = buf[pos]
     if b < 128:
-        i600 = _ZD[b]
+        i656 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i600 = (z >> 1) ^ -(z & 1)
+        i656 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i600 = (z >> 1) ^ -(z & 1)
+        i656 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i600, pos = _rlong(buf, pos)
-    if i600 == 0:
+        i656, pos = _rlong(buf, pos)
+    if i656 == 0:
         f_label_selector = None
-    elif i600 == 1:
+    elif i656 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc601: dict[str, Any] = {}
+            acc657: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c602 = _ZD[b]
+                    c658 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c602 = (z >> 1) ^ -(z & 1)
+                    c658 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c602 = (z >> 1) ^ -(z & 1)
+                    c658 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c602, pos = _rlong(buf, pos)
-                if c602 == 0:
+                    c658, pos = _rlong(buf, pos)
+                if c658 == 0:
                     break
-                if c602 < 0:
-                    c602 = -c602
+                if c658 < 0:
+                    c658 = -c658
                     b = buf[pos]
                     if b < 128:
-                        z605 = _ZD[b]
+                        z661 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z605 = (z >> 1) ^ -(z & 1)
+                        z661 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z605 = (z >> 1) ^ -(z & 1)
+                        z661 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z605, pos = _rlong(buf, pos)
-                if c602 * 2 > end - pos:
-                    raise _count_error(c602, end - pos)
-                for _ in range(c602):
-                    n606 = _ZL[buf[pos]]
-                    if n606 < 0:
-                        n606, pos = _rlong(buf, pos)
-                        if n606 < 0:
-                            raise _length_error(n606, end - pos)
+                        z661, pos = _rlong(buf, pos)
+                if c658 * 2 > end - pos:
+                    raise _count_error(c658, end - pos)
+                for _ in range(c658):
+                    n662 = _ZL[buf[pos]]
+                    if n662 < 0:
+                        n662, pos = _rlong(buf, pos)
+                        if n662 < 0:
+                            raise _length_error(n662, end - pos)
                     else:
                         pos += 1
-                    q607 = pos + n606
-                    if q607 > end:
-                        raise _length_error(n606, end - pos)
-                    k604 = buf[pos:q607].decode()
-                    pos = q607
-                    n608 = _ZL[buf[pos]]
-                    if n608 < 0:
-                        n608, pos = _rlong(buf, pos)
-                        if n608 < 0:
-                            raise _length_error(n608, end - pos)
+                    q663 = pos + n662
+                    if q663 > end:
+                        raise _length_error(n662, end - pos)
+                    k660 = buf[pos:q663].decode()
+                    pos = q663
+                    n664 = _ZL[buf[pos]]
+                    if n664 < 0:
+                        n664, pos = _rlong(buf, pos)
+                        if n664 < 0:
+                            raise _length_error(n664, end - pos)
                     else:
                         pos += 1
-                    q609 = pos + n608
-                    if q609 > end:
-                        raise _length_error(n608, end - pos)
-                    x603 = buf[pos:q609].decode()
-                    pos = q609
-                    acc601[k604] = x603
-            f_label_selector = acc601
+                    q665 = pos + n664
+                    if q665 > end:
+                        raise _length_error(n664, end - pos)
+                    x659 = buf[pos:q665].decode()
+                    pos = q665
+                    acc657[k660] = x659
+            f_label_selector = acc657
     else:
-        raise _union_error(i600, 2)
+        raise _union_error(i656, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3405,21 +3585,295 @@ def _d_SetDisruptionBudget590(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget609(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget665(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n611 = _ZL[buf[pos]]
-    if n611 < 0:
-        n611, pos = _rlong(buf, pos)
-        if n611 < 0:
-            raise _length_error(n611, end - pos)
+    n667 = _ZL[buf[pos]]
+    if n667 < 0:
+        n667, pos = _rlong(buf, pos)
+        if n667 < 0:
+            raise _length_error(n667, end - pos)
     else:
         pos += 1
-    q612 = pos + n611
-    if q612 > end:
-        raise _length_error(n611, end - pos)
-    f_budget_id = buf[pos:q612].decode()
-    pos = q612
+    q668 = pos + n667
+    if q668 > end:
+        raise _length_error(n667, end - pos)
+    f_budget_id = buf[pos:q668].decode()
+    pos = q668
     o = _c_RemoveDisruptionBudget(f_budget_id)
+    return o, pos
+
+
+def _d_SetCohort668(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
+    f_cohort: str
+    f_parent: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    n670 = _ZL[buf[pos]]
+    if n670 < 0:
+        n670, pos = _rlong(buf, pos)
+        if n670 < 0:
+            raise _length_error(n670, end - pos)
+    else:
+        pos += 1
+    q671 = pos + n670
+    if q671 > end:
+        raise _length_error(n670, end - pos)
+    f_cohort = buf[pos:q671].decode()
+    pos = q671
+    b = buf[pos]
+    if b < 128:
+        i672 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i672 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i672 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i672, pos = _rlong(buf, pos)
+    if i672 == 0:
+        f_parent = None
+    elif i672 == 1:
+        n673 = _ZL[buf[pos]]
+        if n673 < 0:
+            n673, pos = _rlong(buf, pos)
+            if n673 < 0:
+                raise _length_error(n673, end - pos)
+        else:
+            pos += 1
+        q674 = pos + n673
+        if q674 > end:
+            raise _length_error(n673, end - pos)
+        f_parent = buf[pos:q674].decode()
+        pos = q674
+    else:
+        raise _union_error(i672, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc675: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c676 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c676 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c676 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c676, pos = _rlong(buf, pos)
+            if c676 == 0:
+                break
+            if c676 < 0:
+                c676 = -c676
+                b = buf[pos]
+                if b < 128:
+                    z679 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z679 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z679 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z679, pos = _rlong(buf, pos)
+            if c676 * 2 > end - pos:
+                raise _count_error(c676, end - pos)
+            for _ in range(c676):
+                n680 = _ZL[buf[pos]]
+                if n680 < 0:
+                    n680, pos = _rlong(buf, pos)
+                    if n680 < 0:
+                        raise _length_error(n680, end - pos)
+                else:
+                    pos += 1
+                q681 = pos + n680
+                if q681 > end:
+                    raise _length_error(n680, end - pos)
+                k678 = buf[pos:q681].decode()
+                pos = q681
+                b = buf[pos]
+                if b < 128:
+                    x677 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x677 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x677 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x677, pos = _rlong(buf, pos)
+                acc675[k678] = x677
+        f_nominal_gpus = acc675
+    b = buf[pos]
+    if b < 128:
+        i682 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i682 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i682 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i682, pos = _rlong(buf, pos)
+    if i682 == 0:
+        f_nominal_cpu_milli = None
+    elif i682 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i682, 2)
+    b = buf[pos]
+    if b < 128:
+        i683 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i683 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i683 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i683, pos = _rlong(buf, pos)
+    if i683 == 0:
+        f_nominal_memory_mib = None
+    elif i683 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i683, 2)
+    b = buf[pos]
+    if b < 128:
+        i684 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i684 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i684 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i684, pos = _rlong(buf, pos)
+    if i684 == 0:
+        f_borrowing_limit_gpus = None
+    elif i684 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i684, 2)
+    b = buf[pos]
+    if b < 128:
+        i685 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i685 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i685 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i685, pos = _rlong(buf, pos)
+    if i685 == 0:
+        f_lending_limit_gpus = None
+    elif i685 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_lending_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_lending_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i685, 2)
+    o = _c_SetCohort(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
+    return o, pos
+
+
+def _d_RemoveCohort685(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveCohort, int]:
+    f_cohort: str
+    n687 = _ZL[buf[pos]]
+    if n687 < 0:
+        n687, pos = _rlong(buf, pos)
+        if n687 < 0:
+            raise _length_error(n687, end - pos)
+    else:
+        pos += 1
+    q688 = pos + n687
+    if q688 > end:
+        raise _length_error(n687, end - pos)
+    f_cohort = buf[pos:q688].decode()
+    pos = q688
+    o = _c_RemoveCohort(f_cohort)
     return o, pos
 
 
@@ -3428,7 +3882,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k340:
+    if frame[:10] != _k386:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3439,30 +3893,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n342 = _ZL[buf[pos]]
-        if n342 < 0:
-            n342, pos = _rlong(buf, pos)
-            if n342 < 0:
-                raise _length_error(n342, end - pos)
+        n388 = _ZL[buf[pos]]
+        if n388 < 0:
+            n388, pos = _rlong(buf, pos)
+            if n388 < 0:
+                raise _length_error(n388, end - pos)
         else:
             pos += 1
-        q343 = pos + n342
-        if q343 > end:
-            raise _length_error(n342, end - pos)
-        f_command_id = buf[pos:q343].decode()
-        pos = q343
-        n344 = _ZL[buf[pos]]
-        if n344 < 0:
-            n344, pos = _rlong(buf, pos)
-            if n344 < 0:
-                raise _length_error(n344, end - pos)
+        q389 = pos + n388
+        if q389 > end:
+            raise _length_error(n388, end - pos)
+        f_command_id = buf[pos:q389].decode()
+        pos = q389
+        n390 = _ZL[buf[pos]]
+        if n390 < 0:
+            n390, pos = _rlong(buf, pos)
+            if n390 < 0:
+                raise _length_error(n390, end - pos)
         else:
             pos += 1
-        q345 = pos + n344
-        if q345 > end:
-            raise _length_error(n344, end - pos)
-        f_cluster = buf[pos:q345].decode()
-        pos = q345
+        q391 = pos + n390
+        if q391 > end:
+            raise _length_error(n390, end - pos)
+        f_cluster = buf[pos:q391].decode()
+        pos = q391
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3477,35 +3931,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n346 = _ZL[buf[pos]]
-        if n346 < 0:
-            n346, pos = _rlong(buf, pos)
-            if n346 < 0:
-                raise _length_error(n346, end - pos)
+        n392 = _ZL[buf[pos]]
+        if n392 < 0:
+            n392, pos = _rlong(buf, pos)
+            if n392 < 0:
+                raise _length_error(n392, end - pos)
         else:
             pos += 1
-        q347 = pos + n346
-        if q347 > end:
-            raise _length_error(n346, end - pos)
-        f_source = buf[pos:q347].decode()
-        pos = q347
+        q393 = pos + n392
+        if q393 > end:
+            raise _length_error(n392, end - pos)
+        f_source = buf[pos:q393].decode()
+        pos = q393
         b = buf[pos]
         if b < 128:
-            i348 = _ZD[b]
+            i394 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i348 = (z >> 1) ^ -(z & 1)
+            i394 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i348 = (z >> 1) ^ -(z & 1)
+            i394 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i348, pos = _rlong(buf, pos)
-        if not 0 <= i348 < 20:
-            raise _union_error(i348, 20)
-        f_payload, pos = _k612[i348](buf, pos, end)
+            i394, pos = _rlong(buf, pos)
+        if not 0 <= i394 < 22:
+            raise _union_error(i394, 22)
+        f_payload, pos = _k688[i394](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3516,303 +3970,343 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded624(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k625, (_P[n628] if (n628 := len(s627 := o.node_id.encode())) < 8192 else _long(n628)), s627, (_P[n630] if (n630 := len(s629 := o.gpu_model.encode())) < 8192 else _long(n630)), s629, (_P[n631] if 0 <= (n631 := o.gpu_count) < 8192 else _long(n631)), (_P[n632] if 0 <= (n632 := o.cpu_milli) < 8192 else _long(n632)), (_P[n633] if 0 <= (n633 := o.memory_mib) < 8192 else _long(n633)), (_b21(a634) if (a634 := o.labels) else b"\x00"), (_b27(a635) if (a635 := o.taints) else b"\x00"), (_P[n636] if 0 <= (n636 := o.gpu_memory_mib) < 8192 else _long(n636)),))
+def _e_NodeAdded700(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k701, (_P[n704] if (n704 := len(s703 := o.node_id.encode())) < 8192 else _long(n704)), s703, (_P[n706] if (n706 := len(s705 := o.gpu_model.encode())) < 8192 else _long(n706)), s705, (_P[n707] if 0 <= (n707 := o.gpu_count) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := o.cpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := o.memory_mib) < 8192 else _long(n709)), (_b21(a710) if (a710 := o.labels) else b"\x00"), (_b27(a711) if (a711 := o.taints) else b"\x00"), (_P[n712] if 0 <= (n712 := o.gpu_memory_mib) < 8192 else _long(n712)),))
 
 
-def _e_NodeRemoved636(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k637, (_P[n640] if (n640 := len(s639 := o.node_id.encode())) < 8192 else _long(n640)), s639, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved712(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k713, (_P[n716] if (n716 := len(s715 := o.node_id.encode())) < 8192 else _long(n716)), s715, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned640(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k641, (_P[n644] if (n644 := len(s643 := o.node_id.encode())) < 8192 else _long(n644)), s643,))
+def _e_NodeCordoned716(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := o.node_id.encode())) < 8192 else _long(n720)), s719,))
 
 
-def _e_NodeUncordoned644(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k645, (_P[n648] if (n648 := len(s647 := o.node_id.encode())) < 8192 else _long(n648)), s647,))
+def _e_NodeUncordoned720(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.node_id.encode())) < 8192 else _long(n724)), s723,))
 
 
-def _e_NodeDrained648(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k649, (_P[n652] if (n652 := len(s651 := o.node_id.encode())) < 8192 else _long(n652)), s651, (_P[n653] if 0 <= (n653 := o.evicted) < 8192 else _long(n653)),))
+def _e_NodeDrained724(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := o.node_id.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := o.evicted) < 8192 else _long(n729)),))
 
 
-def _e_NodeFailed653(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k654, (_P[n657] if (n657 := len(s656 := o.node_id.encode())) < 8192 else _long(n657)), s656, (_P[n659] if (n659 := len(s658 := o.reason.encode())) < 8192 else _long(n659)), s658, (_P[n660] if 0 <= (n660 := o.evicted) < 8192 else _long(n660)),))
+def _e_NodeFailed729(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k730, (_P[n733] if (n733 := len(s732 := o.node_id.encode())) < 8192 else _long(n733)), s732, (_P[n735] if (n735 := len(s734 := o.reason.encode())) < 8192 else _long(n735)), s734, (_P[n736] if 0 <= (n736 := o.evicted) < 8192 else _long(n736)),))
 
 
-def _u679(v: Any) -> bytes:
-    return b"".join((_k679, (_P[n682] if (n682 := len(s681 := v.encode())) < 8192 else _long(n682)), s681,))
+def _u755(v: Any) -> bytes:
+    return b"".join((_k755, (_P[n758] if (n758 := len(s757 := v.encode())) < 8192 else _long(n758)), s757,))
 
 
-def _u685(v: Any) -> bytes:
-    return b"".join((_k685, (_P[n687] if 0 <= (n687 := v) < 8192 else _long(n687)),))
+def _u761(v: Any) -> bytes:
+    return b"".join((_k761, (_P[n763] if 0 <= (n763 := v) < 8192 else _long(n763)),))
 
 
-def _b699(a: Any) -> bytes:
+def _u775(v: Any) -> bytes:
+    return b"".join((_k775, (_P[n778] if (n778 := len(s777 := v.encode())) < 8192 else _long(n778)), s777,))
+
+
+def _b781(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n702] if (n702 := len(s701 := x.code.encode())) < 8192 else _long(n702)), s701, (_P[n703] if 0 <= (n703 := x.nodes) < 8192 else _long(n703)), (_P[n705] if (n705 := len(s704 := x.message.encode())) < 8192 else _long(n705)), s704,)
+        out += ((_P[n784] if (n784 := len(s783 := x.code.encode())) < 8192 else _long(n784)), s783, (_P[n785] if 0 <= (n785 := x.nodes) < 8192 else _long(n785)), (_P[n787] if (n787 := len(s786 := x.message.encode())) < 8192 else _long(n787)), s786,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued660(o: _c_PodQueued) -> bytes:
-    return b"".join((_k661, (_P[n665] if (n665 := len(s664 := (r663 := o.pod).pod_id.encode())) < 8192 else _long(n665)), s664, (_P[n667] if (n667 := len(s666 := r663.tenant.encode())) < 8192 else _long(n667)), s666, (_P[n668] if 0 <= (n668 := r663.priority) < 8192 else _long(n668)), (_P[n669] if 0 <= (n669 := r663.num_gpu) < 8192 else _long(n669)), (_P[n670] if 0 <= (n670 := r663.gpu_milli) < 8192 else _long(n670)), (_P[n671] if 0 <= (n671 := r663.cpu_milli) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := r663.memory_mib) < 8192 else _long(n672)), (_b71(a673) if (a673 := r663.gpu_models) else b"\x00"), (_b21(a674) if (a674 := r663.node_selector) else b"\x00"), (_b76(a675) if (a675 := r663.tolerations) else b"\x00"), (_P[n676] if 0 <= (n676 := r663.submitted_at) < 8192 else _long(n676)), (_P[n677] if 0 <= (n677 := r663.arrival) < 8192 else _long(n677)), (_k682 if (u678 := r663.gang_id) is None else _u679(u678)), (_k687 if (u684 := r663.time_limit_ms) is None else _u685(u684)), (_b71(a689) if (a689 := r663.depends_on) else b"\x00"), (_P[n691] if (n691 := len(s690 := r663.dependency.encode())) < 8192 else _long(n691)), s690, (_P[n693] if (n693 := len(s692 := r663.preemption.encode())) < 8192 else _long(n693)), s692, (b"\x01" if r663.movable else b"\x00"), (_P[n694] if 0 <= (n694 := r663.gpu_memory_mib) < 8192 else _long(n694)), (_k696 if (u695 := r663.retry) is None else _k695[type(u695)](u695)), (b"\x01" if r663.preemptible else b"\x00"), (_b699(a698) if (a698 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a706) if (a706 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued736(o: _c_PodQueued) -> bytes:
+    return b"".join((_k737, (_P[n741] if (n741 := len(s740 := (r739 := o.pod).pod_id.encode())) < 8192 else _long(n741)), s740, (_P[n743] if (n743 := len(s742 := r739.tenant.encode())) < 8192 else _long(n743)), s742, (_P[n744] if 0 <= (n744 := r739.priority) < 8192 else _long(n744)), (_P[n745] if 0 <= (n745 := r739.num_gpu) < 8192 else _long(n745)), (_P[n746] if 0 <= (n746 := r739.gpu_milli) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := r739.cpu_milli) < 8192 else _long(n747)), (_P[n748] if 0 <= (n748 := r739.memory_mib) < 8192 else _long(n748)), (_b71(a749) if (a749 := r739.gpu_models) else b"\x00"), (_b21(a750) if (a750 := r739.node_selector) else b"\x00"), (_b76(a751) if (a751 := r739.tolerations) else b"\x00"), (_P[n752] if 0 <= (n752 := r739.submitted_at) < 8192 else _long(n752)), (_P[n753] if 0 <= (n753 := r739.arrival) < 8192 else _long(n753)), (_k758 if (u754 := r739.gang_id) is None else _u755(u754)), (_k763 if (u760 := r739.time_limit_ms) is None else _u761(u760)), (_b71(a765) if (a765 := r739.depends_on) else b"\x00"), (_P[n767] if (n767 := len(s766 := r739.dependency.encode())) < 8192 else _long(n767)), s766, (_P[n769] if (n769 := len(s768 := r739.preemption.encode())) < 8192 else _long(n769)), s768, (b"\x01" if r739.movable else b"\x00"), (_P[n770] if 0 <= (n770 := r739.gpu_memory_mib) < 8192 else _long(n770)), (_k772 if (u771 := r739.retry) is None else _k771[type(u771)](u771)), (b"\x01" if r739.preemptible else b"\x00"), (_k778 if (u774 := r739.role) is None else _u775(u774)), (_b781(a780) if (a780 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a788) if (a788 := o.waiting_for) else b"\x00"),))
 
 
-def _u725(v: Any) -> bytes:
-    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := v.encode())) < 8192 else _long(n728)), s727,))
+def _u807(v: Any) -> bytes:
+    return b"".join((_k807, (_P[n810] if (n810 := len(s809 := v.encode())) < 8192 else _long(n810)), s809,))
 
 
-def _u731(v: Any) -> bytes:
-    return b"".join((_k731, (_P[n733] if 0 <= (n733 := v) < 8192 else _long(n733)),))
+def _u813(v: Any) -> bytes:
+    return b"".join((_k813, (_P[n815] if 0 <= (n815 := v) < 8192 else _long(n815)),))
 
 
-def _b747(a: Any) -> bytes:
+def _u827(v: Any) -> bytes:
+    return b"".join((_k827, (_P[n830] if (n830 := len(s829 := v.encode())) < 8192 else _long(n830)), s829,))
+
+
+def _b835(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n749] if 0 <= (n749 := x.index) < 8192 else _long(n749)), (_P[n750] if 0 <= (n750 := x.milli) < 8192 else _long(n750)),)
+        out += ((_P[n837] if 0 <= (n837 := x.index) < 8192 else _long(n837)), (_P[n838] if 0 <= (n838 := x.milli) < 8192 else _long(n838)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b754(a: Any) -> bytes:
+def _b842(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n756] if (n756 := len(s755 := k.encode())) < 8192 else _long(n756)), s755, _pack_d(x),)
+        out += ((_P[n844] if (n844 := len(s843 := k.encode())) < 8192 else _long(n844)), s843, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled706(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k707, (_P[n711] if (n711 := len(s710 := (r709 := o.pod).pod_id.encode())) < 8192 else _long(n711)), s710, (_P[n713] if (n713 := len(s712 := r709.tenant.encode())) < 8192 else _long(n713)), s712, (_P[n714] if 0 <= (n714 := r709.priority) < 8192 else _long(n714)), (_P[n715] if 0 <= (n715 := r709.num_gpu) < 8192 else _long(n715)), (_P[n716] if 0 <= (n716 := r709.gpu_milli) < 8192 else _long(n716)), (_P[n717] if 0 <= (n717 := r709.cpu_milli) < 8192 else _long(n717)), (_P[n718] if 0 <= (n718 := r709.memory_mib) < 8192 else _long(n718)), (_b71(a719) if (a719 := r709.gpu_models) else b"\x00"), (_b21(a720) if (a720 := r709.node_selector) else b"\x00"), (_b76(a721) if (a721 := r709.tolerations) else b"\x00"), (_P[n722] if 0 <= (n722 := r709.submitted_at) < 8192 else _long(n722)), (_P[n723] if 0 <= (n723 := r709.arrival) < 8192 else _long(n723)), (_k728 if (u724 := r709.gang_id) is None else _u725(u724)), (_k733 if (u730 := r709.time_limit_ms) is None else _u731(u730)), (_b71(a735) if (a735 := r709.depends_on) else b"\x00"), (_P[n737] if (n737 := len(s736 := r709.dependency.encode())) < 8192 else _long(n737)), s736, (_P[n739] if (n739 := len(s738 := r709.preemption.encode())) < 8192 else _long(n739)), s738, (b"\x01" if r709.movable else b"\x00"), (_P[n740] if 0 <= (n740 := r709.gpu_memory_mib) < 8192 else _long(n740)), (_k742 if (u741 := r709.retry) is None else _k741[type(u741)](u741)), (b"\x01" if r709.preemptible else b"\x00"), (_P[n745] if (n745 := len(s744 := o.node_id.encode())) < 8192 else _long(n745)), s744, (_b747(a746) if (a746 := o.gpus) else b"\x00"), (_P[n752] if (n752 := len(s751 := o.policy.encode())) < 8192 else _long(n752)), s751, (b"\x01" if o.from_queue else b"\x00"), (_b754(a753) if (a753 := o.scores) else b"\x00"), (_b71(a757) if (a757 := o.preempted) else b"\x00"),))
+def _e_PodScheduled788(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k789, (_P[n793] if (n793 := len(s792 := (r791 := o.pod).pod_id.encode())) < 8192 else _long(n793)), s792, (_P[n795] if (n795 := len(s794 := r791.tenant.encode())) < 8192 else _long(n795)), s794, (_P[n796] if 0 <= (n796 := r791.priority) < 8192 else _long(n796)), (_P[n797] if 0 <= (n797 := r791.num_gpu) < 8192 else _long(n797)), (_P[n798] if 0 <= (n798 := r791.gpu_milli) < 8192 else _long(n798)), (_P[n799] if 0 <= (n799 := r791.cpu_milli) < 8192 else _long(n799)), (_P[n800] if 0 <= (n800 := r791.memory_mib) < 8192 else _long(n800)), (_b71(a801) if (a801 := r791.gpu_models) else b"\x00"), (_b21(a802) if (a802 := r791.node_selector) else b"\x00"), (_b76(a803) if (a803 := r791.tolerations) else b"\x00"), (_P[n804] if 0 <= (n804 := r791.submitted_at) < 8192 else _long(n804)), (_P[n805] if 0 <= (n805 := r791.arrival) < 8192 else _long(n805)), (_k810 if (u806 := r791.gang_id) is None else _u807(u806)), (_k815 if (u812 := r791.time_limit_ms) is None else _u813(u812)), (_b71(a817) if (a817 := r791.depends_on) else b"\x00"), (_P[n819] if (n819 := len(s818 := r791.dependency.encode())) < 8192 else _long(n819)), s818, (_P[n821] if (n821 := len(s820 := r791.preemption.encode())) < 8192 else _long(n821)), s820, (b"\x01" if r791.movable else b"\x00"), (_P[n822] if 0 <= (n822 := r791.gpu_memory_mib) < 8192 else _long(n822)), (_k824 if (u823 := r791.retry) is None else _k823[type(u823)](u823)), (b"\x01" if r791.preemptible else b"\x00"), (_k830 if (u826 := r791.role) is None else _u827(u826)), (_P[n833] if (n833 := len(s832 := o.node_id.encode())) < 8192 else _long(n833)), s832, (_b835(a834) if (a834 := o.gpus) else b"\x00"), (_P[n840] if (n840 := len(s839 := o.policy.encode())) < 8192 else _long(n840)), s839, (b"\x01" if o.from_queue else b"\x00"), (_b842(a841) if (a841 := o.scores) else b"\x00"), (_b71(a845) if (a845 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted757(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k758, (_P[n761] if (n761 := len(s760 := o.pod_id.encode())) < 8192 else _long(n761)), s760, (_P[n763] if (n763 := len(s762 := o.node_id.encode())) < 8192 else _long(n763)), s762, (_P[n765] if (n765 := len(s764 := o.reason.encode())) < 8192 else _long(n765)), s764,))
+def _e_PodEvicted845(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k846, (_P[n849] if (n849 := len(s848 := o.pod_id.encode())) < 8192 else _long(n849)), s848, (_P[n851] if (n851 := len(s850 := o.node_id.encode())) < 8192 else _long(n851)), s850, (_P[n853] if (n853 := len(s852 := o.reason.encode())) < 8192 else _long(n853)), s852,))
 
 
-def _u771(v: Any) -> bytes:
-    return b"".join((_k771, (_P[n774] if (n774 := len(s773 := v.encode())) < 8192 else _long(n774)), s773,))
+def _u859(v: Any) -> bytes:
+    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
 
 
-def _e_PodReleased765(o: _c_PodReleased) -> bytes:
-    return b"".join((_k766, (_P[n769] if (n769 := len(s768 := o.pod_id.encode())) < 8192 else _long(n769)), s768, (_k774 if (u770 := o.node_id) is None else _u771(u770)), (_P[n777] if (n777 := len(s776 := o.reason.encode())) < 8192 else _long(n777)), s776,))
-
-
-def _u785(v: Any) -> bytes:
-    return b"".join((_k785, (_P[n787] if 0 <= (n787 := v) < 8192 else _long(n787)),))
-
-
-def _u792(v: Any) -> bytes:
-    return b"".join((_k792, (_P[n794] if 0 <= (n794 := v) < 8192 else _long(n794)),))
-
-
-def _e_PolicyChanged777(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k778, (_P[n781] if (n781 := len(s780 := o.policy.encode())) < 8192 else _long(n781)), s780, (_P[n783] if (n783 := len(s782 := o.previous.encode())) < 8192 else _long(n783)), s782, (_k787 if (u784 := o.reserve_after_ms) is None else _u785(u784)), (_P[n790] if (n790 := len(s789 := o.queue_order.encode())) < 8192 else _long(n790)), s789, (_k794 if (u791 := o.max_clock_jump_ms) is None else _u792(u791)),))
-
-
-def _e_CommandRejected795(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k796, (_P[n799] if (n799 := len(s798 := o.command_id.encode())) < 8192 else _long(n799)), s798, (_P[n801] if (n801 := len(s800 := o.command_type.encode())) < 8192 else _long(n801)), s800, (_P[n803] if (n803 := len(s802 := o.code.encode())) < 8192 else _long(n803)), s802, (_P[n805] if (n805 := len(s804 := o.message.encode())) < 8192 else _long(n805)), s804,))
-
-
-def _u835(v: Any) -> bytes:
-    return b"".join((_k835, (_P[n838] if (n838 := len(s837 := v.encode())) < 8192 else _long(n838)), s837,))
-
-
-def _u841(v: Any) -> bytes:
-    return b"".join((_k841, (_P[n843] if 0 <= (n843 := v) < 8192 else _long(n843)),))
-
-
-def _b818(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n821] if (n821 := len(s820 := x.pod_id.encode())) < 8192 else _long(n821)), s820, (_P[n823] if (n823 := len(s822 := x.tenant.encode())) < 8192 else _long(n823)), s822, (_P[n824] if 0 <= (n824 := x.priority) < 8192 else _long(n824)), (_P[n825] if 0 <= (n825 := x.num_gpu) < 8192 else _long(n825)), (_P[n826] if 0 <= (n826 := x.gpu_milli) < 8192 else _long(n826)), (_P[n827] if 0 <= (n827 := x.cpu_milli) < 8192 else _long(n827)), (_P[n828] if 0 <= (n828 := x.memory_mib) < 8192 else _long(n828)), (_b71(a829) if (a829 := x.gpu_models) else b"\x00"), (_b21(a830) if (a830 := x.node_selector) else b"\x00"), (_b76(a831) if (a831 := x.tolerations) else b"\x00"), (_P[n832] if 0 <= (n832 := x.submitted_at) < 8192 else _long(n832)), (_P[n833] if 0 <= (n833 := x.arrival) < 8192 else _long(n833)), (_k838 if (u834 := x.gang_id) is None else _u835(u834)), (_k843 if (u840 := x.time_limit_ms) is None else _u841(u840)), (_b71(a845) if (a845 := x.depends_on) else b"\x00"), (_P[n847] if (n847 := len(s846 := x.dependency.encode())) < 8192 else _long(n847)), s846, (_P[n849] if (n849 := len(s848 := x.preemption.encode())) < 8192 else _long(n849)), s848, (b"\x01" if x.movable else b"\x00"), (_P[n850] if 0 <= (n850 := x.gpu_memory_mib) < 8192 else _long(n850)), (_k852 if (u851 := x.retry) is None else _k851[type(u851)](u851)), (b"\x01" if x.preemptible else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _u856(v: Any) -> bytes:
-    return b"".join((_k856, (_P[n859] if (n859 := len(s858 := v.encode())) < 8192 else _long(n859)), s858,))
-
-
-def _u862(v: Any) -> bytes:
-    return b"".join((_k862, (_P[n865] if (n865 := len(s864 := v.encode())) < 8192 else _long(n865)), s864,))
-
-
-def _u868(v: Any) -> bytes:
-    return b"".join((_k868, (_P[n870] if 0 <= (n870 := v) < 8192 else _long(n870)),))
+def _e_PodReleased853(o: _c_PodReleased) -> bytes:
+    return b"".join((_k854, (_P[n857] if (n857 := len(s856 := o.pod_id.encode())) < 8192 else _long(n857)), s856, (_k862 if (u858 := o.node_id) is None else _u859(u858)), (_P[n865] if (n865 := len(s864 := o.reason.encode())) < 8192 else _long(n865)), s864,))
 
 
 def _u873(v: Any) -> bytes:
     return b"".join((_k873, (_P[n875] if 0 <= (n875 := v) < 8192 else _long(n875)),))
 
 
-def _u888(v: Any) -> bytes:
-    return b"".join((_k888, (_P[n890] if 0 <= (n890 := v) < 8192 else _long(n890)),))
+def _u880(v: Any) -> bytes:
+    return b"".join((_k880, (_P[n882] if 0 <= (n882 := v) < 8192 else _long(n882)),))
 
 
-def _e_GangQueued805(o: _c_GangQueued) -> bytes:
-    return b"".join((_k806, (_P[n809] if (n809 := len(s808 := o.gang_id.encode())) < 8192 else _long(n809)), s808, (_b699(a810) if (a810 := o.reasons) else b"\x00"), (_P[n813] if (n813 := len(s812 := (r811 := o.gang).gang_id.encode())) < 8192 else _long(n813)), s812, (_P[n815] if (n815 := len(s814 := r811.tenant.encode())) < 8192 else _long(n815)), s814, (_P[n816] if 0 <= (n816 := r811.priority) < 8192 else _long(n816)), (_b818(a817) if (a817 := r811.members) else b"\x00"), (_P[n854] if 0 <= (n854 := r811.min_members) < 8192 else _long(n854)), (_k859 if (u855 := r811.topology_required) is None else _u856(u855)), (_k865 if (u861 := r811.topology_preferred) is None else _u862(u861)), (_k870 if (u867 := r811.timeout_ms) is None else _u868(u867)), (_k875 if (u872 := r811.time_limit_ms) is None else _u873(u872)), (_b71(a877) if (a877 := r811.depends_on) else b"\x00"), (_P[n879] if (n879 := len(s878 := r811.dependency.encode())) < 8192 else _long(n879)), s878, (_P[n880] if 0 <= (n880 := r811.submitted_at) < 8192 else _long(n880)), (_P[n881] if 0 <= (n881 := r811.arrival) < 8192 else _long(n881)), (_P[n883] if (n883 := len(s882 := r811.preemption.encode())) < 8192 else _long(n883)), s882, (_k885 if (u884 := r811.retry) is None else _k884[type(u884)](u884)), (_k890 if (u887 := r811.queued_at) is None else _u888(u887)), (b"\x01" if r811.preemptible else b"\x00"), (_P[n893] if (n893 := len(s892 := r811.disruption.encode())) < 8192 else _long(n893)), s892, (b"\x01" if o.requeued else b"\x00"), (_b71(a894) if (a894 := o.waiting_for) else b"\x00"),))
+def _e_PolicyChanged865(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k866, (_P[n869] if (n869 := len(s868 := o.policy.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := o.previous.encode())) < 8192 else _long(n871)), s870, (_k875 if (u872 := o.reserve_after_ms) is None else _u873(u872)), (_P[n878] if (n878 := len(s877 := o.queue_order.encode())) < 8192 else _long(n878)), s877, (_k882 if (u879 := o.max_clock_jump_ms) is None else _u880(u879)),))
 
 
-def _b900(a: Any) -> bytes:
+def _e_CommandRejected883(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.command_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.command_type.encode())) < 8192 else _long(n889)), s888, (_P[n891] if (n891 := len(s890 := o.code.encode())) < 8192 else _long(n891)), s890, (_P[n893] if (n893 := len(s892 := o.message.encode())) < 8192 else _long(n893)), s892,))
+
+
+def _u923(v: Any) -> bytes:
+    return b"".join((_k923, (_P[n926] if (n926 := len(s925 := v.encode())) < 8192 else _long(n926)), s925,))
+
+
+def _u929(v: Any) -> bytes:
+    return b"".join((_k929, (_P[n931] if 0 <= (n931 := v) < 8192 else _long(n931)),))
+
+
+def _u943(v: Any) -> bytes:
+    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
+
+
+def _b906(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n903] if (n903 := len(s902 := x.pod_id.encode())) < 8192 else _long(n903)), s902, (_P[n905] if (n905 := len(s904 := x.node_id.encode())) < 8192 else _long(n905)), s904, (_b747(a906) if (a906 := x.gpus) else b"\x00"),)
+        out += ((_P[n909] if (n909 := len(s908 := x.pod_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := x.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := x.priority) < 8192 else _long(n912)), (_P[n913] if 0 <= (n913 := x.num_gpu) < 8192 else _long(n913)), (_P[n914] if 0 <= (n914 := x.gpu_milli) < 8192 else _long(n914)), (_P[n915] if 0 <= (n915 := x.cpu_milli) < 8192 else _long(n915)), (_P[n916] if 0 <= (n916 := x.memory_mib) < 8192 else _long(n916)), (_b71(a917) if (a917 := x.gpu_models) else b"\x00"), (_b21(a918) if (a918 := x.node_selector) else b"\x00"), (_b76(a919) if (a919 := x.tolerations) else b"\x00"), (_P[n920] if 0 <= (n920 := x.submitted_at) < 8192 else _long(n920)), (_P[n921] if 0 <= (n921 := x.arrival) < 8192 else _long(n921)), (_k926 if (u922 := x.gang_id) is None else _u923(u922)), (_k931 if (u928 := x.time_limit_ms) is None else _u929(u928)), (_b71(a933) if (a933 := x.depends_on) else b"\x00"), (_P[n935] if (n935 := len(s934 := x.dependency.encode())) < 8192 else _long(n935)), s934, (_P[n937] if (n937 := len(s936 := x.preemption.encode())) < 8192 else _long(n937)), s936, (b"\x01" if x.movable else b"\x00"), (_P[n938] if 0 <= (n938 := x.gpu_memory_mib) < 8192 else _long(n938)), (_k940 if (u939 := x.retry) is None else _k939[type(u939)](u939)), (b"\x01" if x.preemptible else b"\x00"), (_k946 if (u942 := x.role) is None else _u943(u942)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u916(v: Any) -> bytes:
-    return b"".join((_k916, (_P[n919] if (n919 := len(s918 := v.encode())) < 8192 else _long(n919)), s918,))
+def _u950(v: Any) -> bytes:
+    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
 
 
-def _u922(v: Any) -> bytes:
-    return b"".join((_k922, (_P[n925] if (n925 := len(s924 := v.encode())) < 8192 else _long(n925)), s924,))
+def _u956(v: Any) -> bytes:
+    return b"".join((_k956, (_P[n959] if (n959 := len(s958 := v.encode())) < 8192 else _long(n959)), s958,))
 
 
-def _u928(v: Any) -> bytes:
-    return b"".join((_k928, (_P[n930] if 0 <= (n930 := v) < 8192 else _long(n930)),))
+def _u962(v: Any) -> bytes:
+    return b"".join((_k962, (_P[n964] if 0 <= (n964 := v) < 8192 else _long(n964)),))
 
 
-def _u933(v: Any) -> bytes:
-    return b"".join((_k933, (_P[n935] if 0 <= (n935 := v) < 8192 else _long(n935)),))
+def _u967(v: Any) -> bytes:
+    return b"".join((_k967, (_P[n969] if 0 <= (n969 := v) < 8192 else _long(n969)),))
 
 
-def _u948(v: Any) -> bytes:
-    return b"".join((_k948, (_P[n950] if 0 <= (n950 := v) < 8192 else _long(n950)),))
+def _u982(v: Any) -> bytes:
+    return b"".join((_k982, (_P[n984] if 0 <= (n984 := v) < 8192 else _long(n984)),))
 
 
-def _u955(v: Any) -> bytes:
-    return b"".join((_k955, (_P[n958] if (n958 := len(s957 := v.encode())) < 8192 else _long(n958)), s957,))
+def _e_GangQueued893(o: _c_GangQueued) -> bytes:
+    return b"".join((_k894, (_P[n897] if (n897 := len(s896 := o.gang_id.encode())) < 8192 else _long(n897)), s896, (_b781(a898) if (a898 := o.reasons) else b"\x00"), (_P[n901] if (n901 := len(s900 := (r899 := o.gang).gang_id.encode())) < 8192 else _long(n901)), s900, (_P[n903] if (n903 := len(s902 := r899.tenant.encode())) < 8192 else _long(n903)), s902, (_P[n904] if 0 <= (n904 := r899.priority) < 8192 else _long(n904)), (_b906(a905) if (a905 := r899.members) else b"\x00"), (_P[n948] if 0 <= (n948 := r899.min_members) < 8192 else _long(n948)), (_k953 if (u949 := r899.topology_required) is None else _u950(u949)), (_k959 if (u955 := r899.topology_preferred) is None else _u956(u955)), (_k964 if (u961 := r899.timeout_ms) is None else _u962(u961)), (_k969 if (u966 := r899.time_limit_ms) is None else _u967(u966)), (_b71(a971) if (a971 := r899.depends_on) else b"\x00"), (_P[n973] if (n973 := len(s972 := r899.dependency.encode())) < 8192 else _long(n973)), s972, (_P[n974] if 0 <= (n974 := r899.submitted_at) < 8192 else _long(n974)), (_P[n975] if 0 <= (n975 := r899.arrival) < 8192 else _long(n975)), (_P[n977] if (n977 := len(s976 := r899.preemption.encode())) < 8192 else _long(n977)), s976, (_k979 if (u978 := r899.retry) is None else _k978[type(u978)](u978)), (_k984 if (u981 := r899.queued_at) is None else _u982(u981)), (b"\x01" if r899.preemptible else b"\x00"), (_P[n987] if (n987 := len(s986 := r899.disruption.encode())) < 8192 else _long(n987)), s986, (_b243(a988) if (a988 := r899.min_members_per_role) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a989) if (a989 := o.waiting_for) else b"\x00"),))
 
 
-def _u961(v: Any) -> bytes:
-    return b"".join((_k961, (_P[n964] if (n964 := len(s963 := v.encode())) < 8192 else _long(n964)), s963,))
+def _b995(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n998] if (n998 := len(s997 := x.pod_id.encode())) < 8192 else _long(n998)), s997, (_P[n1000] if (n1000 := len(s999 := x.node_id.encode())) < 8192 else _long(n1000)), s999, (_b835(a1001) if (a1001 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
-def _e_GangScheduled894(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k895, (_P[n898] if (n898 := len(s897 := o.gang_id.encode())) < 8192 else _long(n898)), s897, (_b900(a899) if (a899 := o.members) else b"\x00"), (_P[n909] if (n909 := len(s908 := (r907 := o.gang).gang_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := r907.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := r907.priority) < 8192 else _long(n912)), (_b818(a913) if (a913 := r907.members) else b"\x00"), (_P[n914] if 0 <= (n914 := r907.min_members) < 8192 else _long(n914)), (_k919 if (u915 := r907.topology_required) is None else _u916(u915)), (_k925 if (u921 := r907.topology_preferred) is None else _u922(u921)), (_k930 if (u927 := r907.timeout_ms) is None else _u928(u927)), (_k935 if (u932 := r907.time_limit_ms) is None else _u933(u932)), (_b71(a937) if (a937 := r907.depends_on) else b"\x00"), (_P[n939] if (n939 := len(s938 := r907.dependency.encode())) < 8192 else _long(n939)), s938, (_P[n940] if 0 <= (n940 := r907.submitted_at) < 8192 else _long(n940)), (_P[n941] if 0 <= (n941 := r907.arrival) < 8192 else _long(n941)), (_P[n943] if (n943 := len(s942 := r907.preemption.encode())) < 8192 else _long(n943)), s942, (_k945 if (u944 := r907.retry) is None else _k944[type(u944)](u944)), (_k950 if (u947 := r907.queued_at) is None else _u948(u947)), (b"\x01" if r907.preemptible else b"\x00"), (_P[n953] if (n953 := len(s952 := r907.disruption.encode())) < 8192 else _long(n953)), s952, (_k958 if (u954 := o.topology_key) is None else _u955(u954)), (_k964 if (u960 := o.domain) is None else _u961(u960)), (b"\x01" if o.from_queue else b"\x00"), (_P[n967] if (n967 := len(s966 := o.message.encode())) < 8192 else _long(n967)), s966, (_b71(a968) if (a968 := o.preempted) else b"\x00"),))
+def _u1011(v: Any) -> bytes:
+    return b"".join((_k1011, (_P[n1014] if (n1014 := len(s1013 := v.encode())) < 8192 else _long(n1014)), s1013,))
 
 
-def _e_GangTimedOut968(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k969, (_P[n972] if (n972 := len(s971 := o.gang_id.encode())) < 8192 else _long(n972)), s971, (_P[n973] if 0 <= (n973 := o.waited_ms) < 8192 else _long(n973)), (_P[n975] if (n975 := len(s974 := o.message.encode())) < 8192 else _long(n975)), s974,))
+def _u1017(v: Any) -> bytes:
+    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := v.encode())) < 8192 else _long(n1020)), s1019,))
 
 
-def _e_GangReleased975(o: _c_GangReleased) -> bytes:
-    return b"".join((_k976, (_P[n979] if (n979 := len(s978 := o.gang_id.encode())) < 8192 else _long(n979)), s978, (_P[n981] if (n981 := len(s980 := o.reason.encode())) < 8192 else _long(n981)), s980, (b"\x01" if o.ok else b"\x00"), (_b71(a982) if (a982 := o.members_ended) else b"\x00"),))
+def _u1023(v: Any) -> bytes:
+    return b"".join((_k1023, (_P[n1025] if 0 <= (n1025 := v) < 8192 else _long(n1025)),))
 
 
-def _u991(v: Any) -> bytes:
-    return b"".join((_k991, (_P[n994] if (n994 := len(s993 := v.encode())) < 8192 else _long(n994)), s993,))
+def _u1028(v: Any) -> bytes:
+    return b"".join((_k1028, (_P[n1030] if 0 <= (n1030 := v) < 8192 else _long(n1030)),))
 
 
-def _e_PodTimeLimitReached982(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k983, (_P[n986] if (n986 := len(s985 := o.pod_id.encode())) < 8192 else _long(n986)), s985, (_P[n988] if (n988 := len(s987 := o.node_id.encode())) < 8192 else _long(n988)), s987, (_P[n989] if 0 <= (n989 := o.time_limit_ms) < 8192 else _long(n989)), (_k994 if (u990 := o.gang_id) is None else _u991(u990)),))
+def _u1043(v: Any) -> bytes:
+    return b"".join((_k1043, (_P[n1045] if 0 <= (n1045 := v) < 8192 else _long(n1045)),))
 
 
-def _u1004(v: Any) -> bytes:
-    return b"".join((_k1004, (_P[n1006] if 0 <= (n1006 := v) < 8192 else _long(n1006)),))
+def _u1051(v: Any) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := v.encode())) < 8192 else _long(n1054)), s1053,))
 
 
-def _e_NodesReserved995(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k996, (_P[n999] if (n999 := len(s998 := o.holder_id.encode())) < 8192 else _long(n999)), s998, (_P[n1001] if (n1001 := len(s1000 := o.holder_kind.encode())) < 8192 else _long(n1001)), s1000, (_b71(a1002) if (a1002 := o.nodes) else b"\x00"), (_k1006 if (u1003 := o.expected_start) is None else _u1004(u1003)), (_P[n1009] if (n1009 := len(s1008 := o.message.encode())) < 8192 else _long(n1009)), s1008,))
+def _u1057(v: Any) -> bytes:
+    return b"".join((_k1057, (_P[n1060] if (n1060 := len(s1059 := v.encode())) < 8192 else _long(n1060)), s1059,))
 
 
-def _e_ReservationReleased1009(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := o.holder_id.encode())) < 8192 else _long(n1013)), s1012, (_P[n1015] if (n1015 := len(s1014 := o.holder_kind.encode())) < 8192 else _long(n1015)), s1014, (_b71(a1016) if (a1016 := o.nodes) else b"\x00"), (_P[n1018] if (n1018 := len(s1017 := o.reason.encode())) < 8192 else _long(n1018)), s1017, (_P[n1020] if (n1020 := len(s1019 := o.message.encode())) < 8192 else _long(n1020)), s1019,))
+def _e_GangScheduled989(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k990, (_P[n993] if (n993 := len(s992 := o.gang_id.encode())) < 8192 else _long(n993)), s992, (_b995(a994) if (a994 := o.members) else b"\x00"), (_P[n1004] if (n1004 := len(s1003 := (r1002 := o.gang).gang_id.encode())) < 8192 else _long(n1004)), s1003, (_P[n1006] if (n1006 := len(s1005 := r1002.tenant.encode())) < 8192 else _long(n1006)), s1005, (_P[n1007] if 0 <= (n1007 := r1002.priority) < 8192 else _long(n1007)), (_b906(a1008) if (a1008 := r1002.members) else b"\x00"), (_P[n1009] if 0 <= (n1009 := r1002.min_members) < 8192 else _long(n1009)), (_k1014 if (u1010 := r1002.topology_required) is None else _u1011(u1010)), (_k1020 if (u1016 := r1002.topology_preferred) is None else _u1017(u1016)), (_k1025 if (u1022 := r1002.timeout_ms) is None else _u1023(u1022)), (_k1030 if (u1027 := r1002.time_limit_ms) is None else _u1028(u1027)), (_b71(a1032) if (a1032 := r1002.depends_on) else b"\x00"), (_P[n1034] if (n1034 := len(s1033 := r1002.dependency.encode())) < 8192 else _long(n1034)), s1033, (_P[n1035] if 0 <= (n1035 := r1002.submitted_at) < 8192 else _long(n1035)), (_P[n1036] if 0 <= (n1036 := r1002.arrival) < 8192 else _long(n1036)), (_P[n1038] if (n1038 := len(s1037 := r1002.preemption.encode())) < 8192 else _long(n1038)), s1037, (_k1040 if (u1039 := r1002.retry) is None else _k1039[type(u1039)](u1039)), (_k1045 if (u1042 := r1002.queued_at) is None else _u1043(u1042)), (b"\x01" if r1002.preemptible else b"\x00"), (_P[n1048] if (n1048 := len(s1047 := r1002.disruption.encode())) < 8192 else _long(n1048)), s1047, (_b243(a1049) if (a1049 := r1002.min_members_per_role) else b"\x00"), (_k1054 if (u1050 := o.topology_key) is None else _u1051(u1050)), (_k1060 if (u1056 := o.domain) is None else _u1057(u1056)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1063] if (n1063 := len(s1062 := o.message.encode())) < 8192 else _long(n1063)), s1062, (_b71(a1064) if (a1064 := o.preempted) else b"\x00"),))
 
 
-def _e_DependencyFailed1020(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1021, (_P[n1024] if (n1024 := len(s1023 := o.holder_id.encode())) < 8192 else _long(n1024)), s1023, (_P[n1026] if (n1026 := len(s1025 := o.holder_kind.encode())) < 8192 else _long(n1026)), s1025, (_P[n1028] if (n1028 := len(s1027 := o.dependency_id.encode())) < 8192 else _long(n1028)), s1027, (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
+def _e_GangTimedOut1064(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.gang_id.encode())) < 8192 else _long(n1068)), s1067, (_P[n1069] if 0 <= (n1069 := o.waited_ms) < 8192 else _long(n1069)), (_P[n1071] if (n1071 := len(s1070 := o.message.encode())) < 8192 else _long(n1071)), s1070,))
 
 
-def _e_Ticked1030(o: _c_Ticked) -> bytes:
-    return b"".join((_k1031, (_P[n1033] if 0 <= (n1033 := o.clock) < 8192 else _long(n1033)), (b"\x01" if o.partition else b"\x00"),))
+def _e_GangReleased1071(o: _c_GangReleased) -> bytes:
+    return b"".join((_k1072, (_P[n1075] if (n1075 := len(s1074 := o.gang_id.encode())) < 8192 else _long(n1075)), s1074, (_P[n1077] if (n1077 := len(s1076 := o.reason.encode())) < 8192 else _long(n1077)), s1076, (b"\x01" if o.ok else b"\x00"), (_b71(a1078) if (a1078 := o.members_ended) else b"\x00"),))
 
 
-def _e_PodPreempted1033(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1034, (_P[n1037] if (n1037 := len(s1036 := o.pod_id.encode())) < 8192 else _long(n1037)), s1036, (_P[n1039] if (n1039 := len(s1038 := o.node_id.encode())) < 8192 else _long(n1039)), s1038, (_P[n1041] if (n1041 := len(s1040 := o.by.encode())) < 8192 else _long(n1041)), s1040, (_P[n1043] if (n1043 := len(s1042 := o.reason.encode())) < 8192 else _long(n1043)), s1042, (_P[n1045] if (n1045 := len(s1044 := o.message.encode())) < 8192 else _long(n1045)), s1044,))
+def _u1087(v: Any) -> bytes:
+    return b"".join((_k1087, (_P[n1090] if (n1090 := len(s1089 := v.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _u1049(v: Any) -> bytes:
-    return b"".join((_k1049, (_P[n1052] if (n1052 := len(s1051 := v.encode())) < 8192 else _long(n1052)), s1051,))
+def _e_PodTimeLimitReached1078(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := o.pod_id.encode())) < 8192 else _long(n1082)), s1081, (_P[n1084] if (n1084 := len(s1083 := o.node_id.encode())) < 8192 else _long(n1084)), s1083, (_P[n1085] if 0 <= (n1085 := o.time_limit_ms) < 8192 else _long(n1085)), (_k1090 if (u1086 := o.gang_id) is None else _u1087(u1086)),))
 
 
-def _e_QuotaChanged1045(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1046, (_k1052 if (u1048 := o.tenant) is None else _u1049(u1048)), (_k1055 if (u1054 := o.quota) is None else _k1054[type(u1054)](u1054)), (_k1058 if (u1057 := o.previous) is None else _k1057[type(u1057)](u1057)), (_P[n1061] if (n1061 := len(s1060 := o.message.encode())) < 8192 else _long(n1061)), s1060,))
+def _u1100(v: Any) -> bytes:
+    return b"".join((_k1100, (_P[n1102] if 0 <= (n1102 := v) < 8192 else _long(n1102)),))
 
 
-def _e_PodMigrated1061(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1062, (_P[n1065] if (n1065 := len(s1064 := o.pod_id.encode())) < 8192 else _long(n1065)), s1064, (_P[n1067] if (n1067 := len(s1066 := o.from_node.encode())) < 8192 else _long(n1067)), s1066, (_b747(a1068) if (a1068 := o.from_gpus) else b"\x00"), (_P[n1070] if (n1070 := len(s1069 := o.to_node.encode())) < 8192 else _long(n1070)), s1069, (_b747(a1071) if (a1071 := o.to_gpus) else b"\x00"), (_P[n1073] if (n1073 := len(s1072 := o.reason.encode())) < 8192 else _long(n1073)), s1072, (_P[n1075] if (n1075 := len(s1074 := o.message.encode())) < 8192 else _long(n1075)), s1074,))
+def _e_NodesReserved1091(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k1092, (_P[n1095] if (n1095 := len(s1094 := o.holder_id.encode())) < 8192 else _long(n1095)), s1094, (_P[n1097] if (n1097 := len(s1096 := o.holder_kind.encode())) < 8192 else _long(n1097)), s1096, (_b71(a1098) if (a1098 := o.nodes) else b"\x00"), (_k1102 if (u1099 := o.expected_start) is None else _u1100(u1099)), (_P[n1105] if (n1105 := len(s1104 := o.message.encode())) < 8192 else _long(n1105)), s1104,))
 
 
-def _u1082(v: Any) -> bytes:
-    return b"".join((_k1082, (_P[n1085] if (n1085 := len(s1084 := v.encode())) < 8192 else _long(n1085)), s1084,))
+def _e_ReservationReleased1105(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1106, (_P[n1109] if (n1109 := len(s1108 := o.holder_id.encode())) < 8192 else _long(n1109)), s1108, (_P[n1111] if (n1111 := len(s1110 := o.holder_kind.encode())) < 8192 else _long(n1111)), s1110, (_b71(a1112) if (a1112 := o.nodes) else b"\x00"), (_P[n1114] if (n1114 := len(s1113 := o.reason.encode())) < 8192 else _long(n1114)), s1113, (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
 
 
-def _e_DefragmentationPlanned1075(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1076, (_P[n1078] if 0 <= (n1078 := o.moves) < 8192 else _long(n1078)), (_P[n1079] if 0 <= (n1079 := o.gpus_freed) < 8192 else _long(n1079)), (_P[n1080] if 0 <= (n1080 := o.nodes_freed) < 8192 else _long(n1080)), (_k1085 if (u1081 := o.target) is None else _u1082(u1081)), (_P[n1088] if (n1088 := len(s1087 := o.message.encode())) < 8192 else _long(n1088)), s1087,))
+def _e_DependencyFailed1116(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1117, (_P[n1120] if (n1120 := len(s1119 := o.holder_id.encode())) < 8192 else _long(n1120)), s1119, (_P[n1122] if (n1122 := len(s1121 := o.holder_kind.encode())) < 8192 else _long(n1122)), s1121, (_P[n1124] if (n1124 := len(s1123 := o.dependency_id.encode())) < 8192 else _long(n1124)), s1123, (_P[n1126] if (n1126 := len(s1125 := o.message.encode())) < 8192 else _long(n1126)), s1125,))
 
 
-def _e_ClusterHalted1088(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := o.cluster.encode())) < 8192 else _long(n1092)), s1091, (_P[n1094] if (n1094 := len(s1093 := o.command_id.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.error.encode())) < 8192 else _long(n1096)), s1095, (_P[n1098] if (n1098 := len(s1097 := o.message.encode())) < 8192 else _long(n1098)), s1097,))
+def _e_Ticked1126(o: _c_Ticked) -> bytes:
+    return b"".join((_k1127, (_P[n1129] if 0 <= (n1129 := o.clock) < 8192 else _long(n1129)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_ClusterResumed1098(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1099, (_P[n1102] if (n1102 := len(s1101 := o.cluster.encode())) < 8192 else _long(n1102)), s1101, (_P[n1104] if (n1104 := len(s1103 := o.halted_command_id.encode())) < 8192 else _long(n1104)), s1103, (_P[n1105] if 0 <= (n1105 := o.halted_offset) < 8192 else _long(n1105)), (_P[n1106] if 0 <= (n1106 := o.refolded_from) < 8192 else _long(n1106)), (_P[n1108] if (n1108 := len(s1107 := o.message.encode())) < 8192 else _long(n1108)), s1107,))
+def _e_PodPreempted1129(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.pod_id.encode())) < 8192 else _long(n1133)), s1132, (_P[n1135] if (n1135 := len(s1134 := o.node_id.encode())) < 8192 else _long(n1135)), s1134, (_P[n1137] if (n1137 := len(s1136 := o.by.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.reason.encode())) < 8192 else _long(n1139)), s1138, (_P[n1141] if (n1141 := len(s1140 := o.message.encode())) < 8192 else _long(n1141)), s1140,))
 
 
-def _e_NodeRecovered1108(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1109, (_P[n1112] if (n1112 := len(s1111 := o.node_id.encode())) < 8192 else _long(n1112)), s1111,))
+def _u1145(v: Any) -> bytes:
+    return b"".join((_k1145, (_P[n1148] if (n1148 := len(s1147 := v.encode())) < 8192 else _long(n1148)), s1147,))
 
 
-def _e_NodeUpdated1112(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1113, (_P[n1116] if (n1116 := len(s1115 := o.node_id.encode())) < 8192 else _long(n1116)), s1115, (_b21(a1117) if (a1117 := o.labels) else b"\x00"), (_b27(a1118) if (a1118 := o.taints) else b"\x00"), (_P[n1119] if 0 <= (n1119 := o.evicting) < 8192 else _long(n1119)),))
+def _e_QuotaChanged1141(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1142, (_k1148 if (u1144 := o.tenant) is None else _u1145(u1144)), (_k1151 if (u1150 := o.quota) is None else _k1150[type(u1150)](u1150)), (_k1154 if (u1153 := o.previous) is None else _k1153[type(u1153)](u1153)), (_P[n1157] if (n1157 := len(s1156 := o.message.encode())) < 8192 else _long(n1157)), s1156,))
 
 
-def _u1127(v: Any) -> bytes:
-    return b"".join((_k1127, (_P[n1130] if (n1130 := len(s1129 := v.encode())) < 8192 else _long(n1130)), s1129,))
+def _e_PodMigrated1157(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.from_node.encode())) < 8192 else _long(n1163)), s1162, (_b835(a1164) if (a1164 := o.from_gpus) else b"\x00"), (_P[n1166] if (n1166 := len(s1165 := o.to_node.encode())) < 8192 else _long(n1166)), s1165, (_b835(a1167) if (a1167 := o.to_gpus) else b"\x00"), (_P[n1169] if (n1169 := len(s1168 := o.reason.encode())) < 8192 else _long(n1169)), s1168, (_P[n1171] if (n1171 := len(s1170 := o.message.encode())) < 8192 else _long(n1171)), s1170,))
 
 
-def _e_PodRetryScheduled1119(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1120, (_P[n1123] if (n1123 := len(s1122 := o.pod_id.encode())) < 8192 else _long(n1123)), s1122, (_P[n1124] if 0 <= (n1124 := o.attempt) < 8192 else _long(n1124)), (_P[n1125] if 0 <= (n1125 := o.not_before) < 8192 else _long(n1125)), (_k1130 if (u1126 := o.gang_id) is None else _u1127(u1126)),))
+def _u1178(v: Any) -> bytes:
+    return b"".join((_k1178, (_P[n1181] if (n1181 := len(s1180 := v.encode())) < 8192 else _long(n1181)), s1180,))
 
 
-def _u1137(v: Any) -> bytes:
-    return b"".join((_k1137, (_P[n1140] if (n1140 := len(s1139 := v.encode())) < 8192 else _long(n1140)), s1139,))
+def _e_DefragmentationPlanned1171(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1172, (_P[n1174] if 0 <= (n1174 := o.moves) < 8192 else _long(n1174)), (_P[n1175] if 0 <= (n1175 := o.gpus_freed) < 8192 else _long(n1175)), (_P[n1176] if 0 <= (n1176 := o.nodes_freed) < 8192 else _long(n1176)), (_k1181 if (u1177 := o.target) is None else _u1178(u1177)), (_P[n1184] if (n1184 := len(s1183 := o.message.encode())) < 8192 else _long(n1184)), s1183,))
 
 
-def _u1143(v: Any) -> bytes:
-    return b"".join((_k1143, (_P[n1146] if (n1146 := len(s1145 := v.encode())) < 8192 else _long(n1146)), s1145,))
+def _e_ClusterHalted1184(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1185, (_P[n1188] if (n1188 := len(s1187 := o.cluster.encode())) < 8192 else _long(n1188)), s1187, (_P[n1190] if (n1190 := len(s1189 := o.command_id.encode())) < 8192 else _long(n1190)), s1189, (_P[n1192] if (n1192 := len(s1191 := o.error.encode())) < 8192 else _long(n1192)), s1191, (_P[n1194] if (n1194 := len(s1193 := o.message.encode())) < 8192 else _long(n1194)), s1193,))
 
 
-def _u1149(v: Any) -> bytes:
-    return b"".join((_k1149, (_b21(a1151) if (a1151 := v) else b"\x00"),))
+def _e_ClusterResumed1194(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1195, (_P[n1198] if (n1198 := len(s1197 := o.cluster.encode())) < 8192 else _long(n1198)), s1197, (_P[n1200] if (n1200 := len(s1199 := o.halted_command_id.encode())) < 8192 else _long(n1200)), s1199, (_P[n1201] if 0 <= (n1201 := o.halted_offset) < 8192 else _long(n1201)), (_P[n1202] if 0 <= (n1202 := o.refolded_from) < 8192 else _long(n1202)), (_P[n1204] if (n1204 := len(s1203 := o.message.encode())) < 8192 else _long(n1204)), s1203,))
 
 
-def _e_DisruptionBudgetSet1131(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1132, (_P[n1135] if (n1135 := len(s1134 := o.budget_id.encode())) < 8192 else _long(n1135)), s1134, (_k1140 if (u1136 := o.tenant) is None else _u1137(u1136)), (_k1146 if (u1142 := o.gang_id) is None else _u1143(u1142)), (_k1151 if (u1148 := o.label_selector) is None else _u1149(u1148)), (_P[n1153] if 0 <= (n1153 := o.max_unavailable) < 8192 else _long(n1153)),))
+def _e_NodeRecovered1204(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1205, (_P[n1208] if (n1208 := len(s1207 := o.node_id.encode())) < 8192 else _long(n1208)), s1207,))
 
 
-def _e_DisruptionBudgetRemoved1153(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.budget_id.encode())) < 8192 else _long(n1157)), s1156,))
+def _e_NodeUpdated1208(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1209, (_P[n1212] if (n1212 := len(s1211 := o.node_id.encode())) < 8192 else _long(n1212)), s1211, (_b21(a1213) if (a1213 := o.labels) else b"\x00"), (_b27(a1214) if (a1214 := o.taints) else b"\x00"), (_P[n1215] if 0 <= (n1215 := o.evicting) < 8192 else _long(n1215)),))
 
 
-def _e_EvictionBlocked1157(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.node_id.encode())) < 8192 else _long(n1163)), s1162, (_P[n1165] if (n1165 := len(s1164 := o.budget_id.encode())) < 8192 else _long(n1165)), s1164, (_P[n1166] if 0 <= (n1166 := o.grace_ms) < 8192 else _long(n1166)), (_P[n1168] if (n1168 := len(s1167 := o.reason.encode())) < 8192 else _long(n1168)), s1167,))
+def _u1223(v: Any) -> bytes:
+    return b"".join((_k1223, (_P[n1226] if (n1226 := len(s1225 := v.encode())) < 8192 else _long(n1226)), s1225,))
 
 
-def _e_PodEvictionScheduled1168(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1169, (_P[n1172] if (n1172 := len(s1171 := o.pod_id.encode())) < 8192 else _long(n1172)), s1171, (_P[n1174] if (n1174 := len(s1173 := o.node_id.encode())) < 8192 else _long(n1174)), s1173, (_P[n1175] if 0 <= (n1175 := o.at) < 8192 else _long(n1175)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_PodRetryScheduled1215(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1216, (_P[n1219] if (n1219 := len(s1218 := o.pod_id.encode())) < 8192 else _long(n1219)), s1218, (_P[n1220] if 0 <= (n1220 := o.attempt) < 8192 else _long(n1220)), (_P[n1221] if 0 <= (n1221 := o.not_before) < 8192 else _long(n1221)), (_k1226 if (u1222 := o.gang_id) is None else _u1223(u1222)),))
 
 
-def _e_Event613(o: _c_Event) -> bytes:
-    return b"".join((_k614, (_P[n616] if 0 <= (n616 := o.partition) < 8192 else _long(n616)), (_P[n617] if 0 <= (n617 := o.sequence) < 8192 else _long(n617)), (_P[n619] if (n619 := len(s618 := o.cluster.encode())) < 8192 else _long(n619)), s618, (_P[n621] if (n621 := len(s620 := o.command_id.encode())) < 8192 else _long(n621)), s620, (_P[n622] if 0 <= (n622 := o.command_offset) < 8192 else _long(n622)), (_P[n623] if 0 <= (n623 := o.occurred_at) < 8192 else _long(n623)), _k1175[type(u624 := o.payload)](u624),))
+def _u1233(v: Any) -> bytes:
+    return b"".join((_k1233, (_P[n1236] if (n1236 := len(s1235 := v.encode())) < 8192 else _long(n1236)), s1235,))
 
 
-def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1239(v: Any) -> bytes:
+    return b"".join((_k1239, (_P[n1242] if (n1242 := len(s1241 := v.encode())) < 8192 else _long(n1242)), s1241,))
+
+
+def _u1245(v: Any) -> bytes:
+    return b"".join((_k1245, (_b21(a1247) if (a1247 := v) else b"\x00"),))
+
+
+def _e_DisruptionBudgetSet1227(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1228, (_P[n1231] if (n1231 := len(s1230 := o.budget_id.encode())) < 8192 else _long(n1231)), s1230, (_k1236 if (u1232 := o.tenant) is None else _u1233(u1232)), (_k1242 if (u1238 := o.gang_id) is None else _u1239(u1238)), (_k1247 if (u1244 := o.label_selector) is None else _u1245(u1244)), (_P[n1249] if 0 <= (n1249 := o.max_unavailable) < 8192 else _long(n1249)),))
+
+
+def _e_DisruptionBudgetRemoved1249(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1250, (_P[n1253] if (n1253 := len(s1252 := o.budget_id.encode())) < 8192 else _long(n1253)), s1252,))
+
+
+def _e_EvictionBlocked1253(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1254, (_P[n1257] if (n1257 := len(s1256 := o.pod_id.encode())) < 8192 else _long(n1257)), s1256, (_P[n1259] if (n1259 := len(s1258 := o.node_id.encode())) < 8192 else _long(n1259)), s1258, (_P[n1261] if (n1261 := len(s1260 := o.budget_id.encode())) < 8192 else _long(n1261)), s1260, (_P[n1262] if 0 <= (n1262 := o.grace_ms) < 8192 else _long(n1262)), (_P[n1264] if (n1264 := len(s1263 := o.reason.encode())) < 8192 else _long(n1264)), s1263,))
+
+
+def _e_PodEvictionScheduled1264(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1265, (_P[n1268] if (n1268 := len(s1267 := o.pod_id.encode())) < 8192 else _long(n1268)), s1267, (_P[n1270] if (n1270 := len(s1269 := o.node_id.encode())) < 8192 else _long(n1270)), s1269, (_P[n1271] if 0 <= (n1271 := o.at) < 8192 else _long(n1271)), (b"\x01" if o.respect_budgets else b"\x00"),))
+
+
+def _u1282(v: Any) -> bytes:
+    return b"".join((_k1282, (_P[n1285] if (n1285 := len(s1284 := v.encode())) < 8192 else _long(n1285)), s1284,))
+
+
+def _u1289(v: Any) -> bytes:
+    return b"".join((_k1289, (_P[n1291] if 0 <= (n1291 := v) < 8192 else _long(n1291)),))
+
+
+def _u1294(v: Any) -> bytes:
+    return b"".join((_k1294, (_P[n1296] if 0 <= (n1296 := v) < 8192 else _long(n1296)),))
+
+
+def _u1299(v: Any) -> bytes:
+    return b"".join((_k1299, (_P[n1301] if 0 <= (n1301 := v) < 8192 else _long(n1301)),))
+
+
+def _u1304(v: Any) -> bytes:
+    return b"".join((_k1304, (_P[n1306] if 0 <= (n1306 := v) < 8192 else _long(n1306)),))
+
+
+def _e_CohortQuota1276(o: _c_CohortQuota) -> bytes:
+    return b"".join((_k1277, (_P[n1280] if (n1280 := len(s1279 := o.cohort.encode())) < 8192 else _long(n1280)), s1279, (_k1285 if (u1281 := o.parent) is None else _u1282(u1281)), (_b132(a1287) if (a1287 := o.nominal_gpus) else b"\x00"), (_k1291 if (u1288 := o.nominal_cpu_milli) is None else _u1289(u1288)), (_k1296 if (u1293 := o.nominal_memory_mib) is None else _u1294(u1293)), (_k1301 if (u1298 := o.borrowing_limit_gpus) is None else _u1299(u1298)), (_k1306 if (u1303 := o.lending_limit_gpus) is None else _u1304(u1303)),))
+
+
+def _e_CohortChanged1271(o: _c_CohortChanged) -> bytes:
+    return b"".join((_k1272, (_P[n1275] if (n1275 := len(s1274 := o.cohort.encode())) < 8192 else _long(n1275)), s1274, (_k1308 if (u1276 := o.spec) is None else _k1307[type(u1276)](u1276)), (_k1311 if (u1310 := o.previous) is None else _k1310[type(u1310)](u1310)), (_P[n1314] if (n1314 := len(s1313 := o.message.encode())) < 8192 else _long(n1314)), s1313,))
+
+
+def _e_Event689(o: _c_Event) -> bytes:
+    return b"".join((_k690, (_P[n692] if 0 <= (n692 := o.partition) < 8192 else _long(n692)), (_P[n693] if 0 <= (n693 := o.sequence) < 8192 else _long(n693)), (_P[n695] if (n695 := len(s694 := o.cluster.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := o.command_id.encode())) < 8192 else _long(n697)), s696, (_P[n698] if 0 <= (n698 := o.command_offset) < 8192 else _long(n698)), (_P[n699] if 0 <= (n699 := o.occurred_at) < 8192 else _long(n699)), _k1314[type(u700 := o.payload)](u700),))
+
+
+def _d_NodeAdded1321(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -3821,30 +4315,30 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1184 = _ZL[buf[pos]]
-    if n1184 < 0:
-        n1184, pos = _rlong(buf, pos)
-        if n1184 < 0:
-            raise _length_error(n1184, end - pos)
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
     else:
         pos += 1
-    q1185 = pos + n1184
-    if q1185 > end:
-        raise _length_error(n1184, end - pos)
-    f_node_id = buf[pos:q1185].decode()
-    pos = q1185
-    n1186 = _ZL[buf[pos]]
-    if n1186 < 0:
-        n1186, pos = _rlong(buf, pos)
-        if n1186 < 0:
-            raise _length_error(n1186, end - pos)
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_node_id = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1187 = pos + n1186
-    if q1187 > end:
-        raise _length_error(n1186, end - pos)
-    f_gpu_model = buf[pos:q1187].decode()
-    pos = q1187
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_gpu_model = buf[pos:q1326].decode()
+    pos = q1326
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -3891,113 +4385,113 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1188: dict[str, Any] = {}
+        acc1327: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1189 = _ZD[b]
+                c1328 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1189 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1189 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1189, pos = _rlong(buf, pos)
-            if c1189 == 0:
+                c1328, pos = _rlong(buf, pos)
+            if c1328 == 0:
                 break
-            if c1189 < 0:
-                c1189 = -c1189
+            if c1328 < 0:
+                c1328 = -c1328
                 b = buf[pos]
                 if b < 128:
-                    z1192 = _ZD[b]
+                    z1331 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1192 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1192 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1192, pos = _rlong(buf, pos)
-            if c1189 * 2 > end - pos:
-                raise _count_error(c1189, end - pos)
-            for _ in range(c1189):
-                n1193 = _ZL[buf[pos]]
-                if n1193 < 0:
-                    n1193, pos = _rlong(buf, pos)
-                    if n1193 < 0:
-                        raise _length_error(n1193, end - pos)
+                    z1331, pos = _rlong(buf, pos)
+            if c1328 * 2 > end - pos:
+                raise _count_error(c1328, end - pos)
+            for _ in range(c1328):
+                n1332 = _ZL[buf[pos]]
+                if n1332 < 0:
+                    n1332, pos = _rlong(buf, pos)
+                    if n1332 < 0:
+                        raise _length_error(n1332, end - pos)
                 else:
                     pos += 1
-                q1194 = pos + n1193
-                if q1194 > end:
-                    raise _length_error(n1193, end - pos)
-                k1191 = buf[pos:q1194].decode()
-                pos = q1194
-                n1195 = _ZL[buf[pos]]
-                if n1195 < 0:
-                    n1195, pos = _rlong(buf, pos)
-                    if n1195 < 0:
-                        raise _length_error(n1195, end - pos)
+                q1333 = pos + n1332
+                if q1333 > end:
+                    raise _length_error(n1332, end - pos)
+                k1330 = buf[pos:q1333].decode()
+                pos = q1333
+                n1334 = _ZL[buf[pos]]
+                if n1334 < 0:
+                    n1334, pos = _rlong(buf, pos)
+                    if n1334 < 0:
+                        raise _length_error(n1334, end - pos)
                 else:
                     pos += 1
-                q1196 = pos + n1195
-                if q1196 > end:
-                    raise _length_error(n1195, end - pos)
-                x1190 = buf[pos:q1196].decode()
-                pos = q1196
-                acc1188[k1191] = x1190
-        f_labels = acc1188
+                q1335 = pos + n1334
+                if q1335 > end:
+                    raise _length_error(n1334, end - pos)
+                x1329 = buf[pos:q1335].decode()
+                pos = q1335
+                acc1327[k1330] = x1329
+        f_labels = acc1327
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1197: list[Any] = []
+        acc1336: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1198 = _ZD[b]
+                c1337 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1337 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1198 = (z >> 1) ^ -(z & 1)
+                c1337 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1198, pos = _rlong(buf, pos)
-            if c1198 == 0:
+                c1337, pos = _rlong(buf, pos)
+            if c1337 == 0:
                 break
-            if c1198 < 0:
-                c1198 = -c1198
+            if c1337 < 0:
+                c1337 = -c1337
                 b = buf[pos]
                 if b < 128:
-                    z1201 = _ZD[b]
+                    z1340 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1340 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1201 = (z >> 1) ^ -(z & 1)
+                    z1340 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1201, pos = _rlong(buf, pos)
-            if c1198 * 3 > end - pos:
-                raise _count_error(c1198, end - pos)
-            for _ in range(c1198):
-                x1199, pos = _d_Taint367(buf, pos, end)
-                acc1197.append(x1199)
-        f_taints = tuple(acc1197)
+                    z1340, pos = _rlong(buf, pos)
+            if c1337 * 3 > end - pos:
+                raise _count_error(c1337, end - pos)
+            for _ in range(c1337):
+                x1338, pos = _d_Taint413(buf, pos, end)
+                acc1336.append(x1338)
+        f_taints = tuple(acc1336)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -4016,78 +4510,78 @@ def _d_NodeAdded1182(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1201(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1340(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1203 = _ZL[buf[pos]]
-    if n1203 < 0:
-        n1203, pos = _rlong(buf, pos)
-        if n1203 < 0:
-            raise _length_error(n1203, end - pos)
+    n1342 = _ZL[buf[pos]]
+    if n1342 < 0:
+        n1342, pos = _rlong(buf, pos)
+        if n1342 < 0:
+            raise _length_error(n1342, end - pos)
     else:
         pos += 1
-    q1204 = pos + n1203
-    if q1204 > end:
-        raise _length_error(n1203, end - pos)
-    f_node_id = buf[pos:q1204].decode()
-    pos = q1204
+    q1343 = pos + n1342
+    if q1343 > end:
+        raise _length_error(n1342, end - pos)
+    f_node_id = buf[pos:q1343].decode()
+    pos = q1343
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1204(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1343(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1206 = _ZL[buf[pos]]
-    if n1206 < 0:
-        n1206, pos = _rlong(buf, pos)
-        if n1206 < 0:
-            raise _length_error(n1206, end - pos)
+    n1345 = _ZL[buf[pos]]
+    if n1345 < 0:
+        n1345, pos = _rlong(buf, pos)
+        if n1345 < 0:
+            raise _length_error(n1345, end - pos)
     else:
         pos += 1
-    q1207 = pos + n1206
-    if q1207 > end:
-        raise _length_error(n1206, end - pos)
-    f_node_id = buf[pos:q1207].decode()
-    pos = q1207
+    q1346 = pos + n1345
+    if q1346 > end:
+        raise _length_error(n1345, end - pos)
+    f_node_id = buf[pos:q1346].decode()
+    pos = q1346
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1207(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1346(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1209 = _ZL[buf[pos]]
-    if n1209 < 0:
-        n1209, pos = _rlong(buf, pos)
-        if n1209 < 0:
-            raise _length_error(n1209, end - pos)
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
     else:
         pos += 1
-    q1210 = pos + n1209
-    if q1210 > end:
-        raise _length_error(n1209, end - pos)
-    f_node_id = buf[pos:q1210].decode()
-    pos = q1210
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_node_id = buf[pos:q1349].decode()
+    pos = q1349
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1349(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1212 = _ZL[buf[pos]]
-    if n1212 < 0:
-        n1212, pos = _rlong(buf, pos)
-        if n1212 < 0:
-            raise _length_error(n1212, end - pos)
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
     else:
         pos += 1
-    q1213 = pos + n1212
-    if q1213 > end:
-        raise _length_error(n1212, end - pos)
-    f_node_id = buf[pos:q1213].decode()
-    pos = q1213
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_node_id = buf[pos:q1352].decode()
+    pos = q1352
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4106,34 +4600,34 @@ def _d_NodeDrained1210(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1352(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1215 = _ZL[buf[pos]]
-    if n1215 < 0:
-        n1215, pos = _rlong(buf, pos)
-        if n1215 < 0:
-            raise _length_error(n1215, end - pos)
+    n1354 = _ZL[buf[pos]]
+    if n1354 < 0:
+        n1354, pos = _rlong(buf, pos)
+        if n1354 < 0:
+            raise _length_error(n1354, end - pos)
     else:
         pos += 1
-    q1216 = pos + n1215
-    if q1216 > end:
-        raise _length_error(n1215, end - pos)
-    f_node_id = buf[pos:q1216].decode()
-    pos = q1216
-    n1217 = _ZL[buf[pos]]
-    if n1217 < 0:
-        n1217, pos = _rlong(buf, pos)
-        if n1217 < 0:
-            raise _length_error(n1217, end - pos)
+    q1355 = pos + n1354
+    if q1355 > end:
+        raise _length_error(n1354, end - pos)
+    f_node_id = buf[pos:q1355].decode()
+    pos = q1355
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
     else:
         pos += 1
-    q1218 = pos + n1217
-    if q1218 > end:
-        raise _length_error(n1217, end - pos)
-    f_reason = buf[pos:q1218].decode()
-    pos = q1218
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_reason = buf[pos:q1357].decode()
+    pos = q1357
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4152,7 +4646,7 @@ def _d_NodeFailed1213(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1358(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4174,30 +4668,31 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n1221 = _ZL[buf[pos]]
-    if n1221 < 0:
-        n1221, pos = _rlong(buf, pos)
-        if n1221 < 0:
-            raise _length_error(n1221, end - pos)
+    f_role: Any
+    n1360 = _ZL[buf[pos]]
+    if n1360 < 0:
+        n1360, pos = _rlong(buf, pos)
+        if n1360 < 0:
+            raise _length_error(n1360, end - pos)
     else:
         pos += 1
-    q1222 = pos + n1221
-    if q1222 > end:
-        raise _length_error(n1221, end - pos)
-    f_pod_id = buf[pos:q1222].decode()
-    pos = q1222
-    n1223 = _ZL[buf[pos]]
-    if n1223 < 0:
-        n1223, pos = _rlong(buf, pos)
-        if n1223 < 0:
-            raise _length_error(n1223, end - pos)
+    q1361 = pos + n1360
+    if q1361 > end:
+        raise _length_error(n1360, end - pos)
+    f_pod_id = buf[pos:q1361].decode()
+    pos = q1361
+    n1362 = _ZL[buf[pos]]
+    if n1362 < 0:
+        n1362, pos = _rlong(buf, pos)
+        if n1362 < 0:
+            raise _length_error(n1362, end - pos)
     else:
         pos += 1
-    q1224 = pos + n1223
-    if q1224 > end:
-        raise _length_error(n1223, end - pos)
-    f_tenant = buf[pos:q1224].decode()
-    pos = q1224
+    q1363 = pos + n1362
+    if q1363 > end:
+        raise _length_error(n1362, end - pos)
+    f_tenant = buf[pos:q1363].decode()
+    pos = q1363
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4272,168 +4767,168 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1225: list[Any] = []
+        acc1364: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1226 = _ZD[b]
+                c1365 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1365 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1226 = (z >> 1) ^ -(z & 1)
+                c1365 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1226, pos = _rlong(buf, pos)
-            if c1226 == 0:
+                c1365, pos = _rlong(buf, pos)
+            if c1365 == 0:
                 break
-            if c1226 < 0:
-                c1226 = -c1226
+            if c1365 < 0:
+                c1365 = -c1365
                 b = buf[pos]
                 if b < 128:
-                    z1229 = _ZD[b]
+                    z1368 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1368 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1229 = (z >> 1) ^ -(z & 1)
+                    z1368 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1229, pos = _rlong(buf, pos)
-            if c1226 * 1 > end - pos:
-                raise _count_error(c1226, end - pos)
-            for _ in range(c1226):
-                n1230 = _ZL[buf[pos]]
-                if n1230 < 0:
-                    n1230, pos = _rlong(buf, pos)
-                    if n1230 < 0:
-                        raise _length_error(n1230, end - pos)
+                    z1368, pos = _rlong(buf, pos)
+            if c1365 * 1 > end - pos:
+                raise _count_error(c1365, end - pos)
+            for _ in range(c1365):
+                n1369 = _ZL[buf[pos]]
+                if n1369 < 0:
+                    n1369, pos = _rlong(buf, pos)
+                    if n1369 < 0:
+                        raise _length_error(n1369, end - pos)
                 else:
                     pos += 1
-                q1231 = pos + n1230
-                if q1231 > end:
-                    raise _length_error(n1230, end - pos)
-                x1227 = buf[pos:q1231].decode()
-                pos = q1231
-                acc1225.append(x1227)
-        f_gpu_models = tuple(acc1225)
+                q1370 = pos + n1369
+                if q1370 > end:
+                    raise _length_error(n1369, end - pos)
+                x1366 = buf[pos:q1370].decode()
+                pos = q1370
+                acc1364.append(x1366)
+        f_gpu_models = tuple(acc1364)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1232: dict[str, Any] = {}
+        acc1371: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1233 = _ZD[b]
+                c1372 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1233 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1233 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1233, pos = _rlong(buf, pos)
-            if c1233 == 0:
+                c1372, pos = _rlong(buf, pos)
+            if c1372 == 0:
                 break
-            if c1233 < 0:
-                c1233 = -c1233
+            if c1372 < 0:
+                c1372 = -c1372
                 b = buf[pos]
                 if b < 128:
-                    z1236 = _ZD[b]
+                    z1375 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1236 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1236 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1236, pos = _rlong(buf, pos)
-            if c1233 * 2 > end - pos:
-                raise _count_error(c1233, end - pos)
-            for _ in range(c1233):
-                n1237 = _ZL[buf[pos]]
-                if n1237 < 0:
-                    n1237, pos = _rlong(buf, pos)
-                    if n1237 < 0:
-                        raise _length_error(n1237, end - pos)
+                    z1375, pos = _rlong(buf, pos)
+            if c1372 * 2 > end - pos:
+                raise _count_error(c1372, end - pos)
+            for _ in range(c1372):
+                n1376 = _ZL[buf[pos]]
+                if n1376 < 0:
+                    n1376, pos = _rlong(buf, pos)
+                    if n1376 < 0:
+                        raise _length_error(n1376, end - pos)
                 else:
                     pos += 1
-                q1238 = pos + n1237
-                if q1238 > end:
-                    raise _length_error(n1237, end - pos)
-                k1235 = buf[pos:q1238].decode()
-                pos = q1238
-                n1239 = _ZL[buf[pos]]
-                if n1239 < 0:
-                    n1239, pos = _rlong(buf, pos)
-                    if n1239 < 0:
-                        raise _length_error(n1239, end - pos)
+                q1377 = pos + n1376
+                if q1377 > end:
+                    raise _length_error(n1376, end - pos)
+                k1374 = buf[pos:q1377].decode()
+                pos = q1377
+                n1378 = _ZL[buf[pos]]
+                if n1378 < 0:
+                    n1378, pos = _rlong(buf, pos)
+                    if n1378 < 0:
+                        raise _length_error(n1378, end - pos)
                 else:
                     pos += 1
-                q1240 = pos + n1239
-                if q1240 > end:
-                    raise _length_error(n1239, end - pos)
-                x1234 = buf[pos:q1240].decode()
-                pos = q1240
-                acc1232[k1235] = x1234
-        f_node_selector = acc1232
+                q1379 = pos + n1378
+                if q1379 > end:
+                    raise _length_error(n1378, end - pos)
+                x1373 = buf[pos:q1379].decode()
+                pos = q1379
+                acc1371[k1374] = x1373
+        f_node_selector = acc1371
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc1241: list[Any] = []
+        acc1380: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1242 = _ZD[b]
+                c1381 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1242 = (z >> 1) ^ -(z & 1)
+                c1381 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1242 = (z >> 1) ^ -(z & 1)
+                c1381 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1242, pos = _rlong(buf, pos)
-            if c1242 == 0:
+                c1381, pos = _rlong(buf, pos)
+            if c1381 == 0:
                 break
-            if c1242 < 0:
-                c1242 = -c1242
+            if c1381 < 0:
+                c1381 = -c1381
                 b = buf[pos]
                 if b < 128:
-                    z1245 = _ZD[b]
+                    z1384 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1245 = (z >> 1) ^ -(z & 1)
+                    z1384 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1245 = (z >> 1) ^ -(z & 1)
+                    z1384 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1245, pos = _rlong(buf, pos)
-            if c1242 * 4 > end - pos:
-                raise _count_error(c1242, end - pos)
-            for _ in range(c1242):
-                x1243, pos = _d_Toleration417(buf, pos, end)
-                acc1241.append(x1243)
-        f_tolerations = tuple(acc1241)
+                    z1384, pos = _rlong(buf, pos)
+            if c1381 * 4 > end - pos:
+                raise _count_error(c1381, end - pos)
+            for _ in range(c1381):
+                x1382, pos = _d_Toleration463(buf, pos, end)
+                acc1380.append(x1382)
+        f_tolerations = tuple(acc1380)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -4464,52 +4959,52 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_arrival, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1246 = _ZD[b]
+        i1385 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1246 = (z >> 1) ^ -(z & 1)
+        i1385 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1246 = (z >> 1) ^ -(z & 1)
+        i1385 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1246, pos = _rlong(buf, pos)
-    if i1246 == 0:
+        i1385, pos = _rlong(buf, pos)
+    if i1385 == 0:
         f_gang_id = None
-    elif i1246 == 1:
-        n1247 = _ZL[buf[pos]]
-        if n1247 < 0:
-            n1247, pos = _rlong(buf, pos)
-            if n1247 < 0:
-                raise _length_error(n1247, end - pos)
+    elif i1385 == 1:
+        n1386 = _ZL[buf[pos]]
+        if n1386 < 0:
+            n1386, pos = _rlong(buf, pos)
+            if n1386 < 0:
+                raise _length_error(n1386, end - pos)
         else:
             pos += 1
-        q1248 = pos + n1247
-        if q1248 > end:
-            raise _length_error(n1247, end - pos)
-        f_gang_id = buf[pos:q1248].decode()
-        pos = q1248
+        q1387 = pos + n1386
+        if q1387 > end:
+            raise _length_error(n1386, end - pos)
+        f_gang_id = buf[pos:q1387].decode()
+        pos = q1387
     else:
-        raise _union_error(i1246, 2)
+        raise _union_error(i1385, 2)
     b = buf[pos]
     if b < 128:
-        i1249 = _ZD[b]
+        i1388 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1249 = (z >> 1) ^ -(z & 1)
+        i1388 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1249 = (z >> 1) ^ -(z & 1)
+        i1388 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1249, pos = _rlong(buf, pos)
-    if i1249 == 0:
+        i1388, pos = _rlong(buf, pos)
+    if i1388 == 0:
         f_time_limit_ms = None
-    elif i1249 == 1:
+    elif i1388 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -4525,86 +5020,86 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1249, 2)
+        raise _union_error(i1388, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1250: list[Any] = []
+        acc1389: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1251 = _ZD[b]
+                c1390 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1251 = (z >> 1) ^ -(z & 1)
+                c1390 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1251 = (z >> 1) ^ -(z & 1)
+                c1390 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1251, pos = _rlong(buf, pos)
-            if c1251 == 0:
+                c1390, pos = _rlong(buf, pos)
+            if c1390 == 0:
                 break
-            if c1251 < 0:
-                c1251 = -c1251
+            if c1390 < 0:
+                c1390 = -c1390
                 b = buf[pos]
                 if b < 128:
-                    z1254 = _ZD[b]
+                    z1393 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1254 = (z >> 1) ^ -(z & 1)
+                    z1393 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1254 = (z >> 1) ^ -(z & 1)
+                    z1393 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1254, pos = _rlong(buf, pos)
-            if c1251 * 1 > end - pos:
-                raise _count_error(c1251, end - pos)
-            for _ in range(c1251):
-                n1255 = _ZL[buf[pos]]
-                if n1255 < 0:
-                    n1255, pos = _rlong(buf, pos)
-                    if n1255 < 0:
-                        raise _length_error(n1255, end - pos)
+                    z1393, pos = _rlong(buf, pos)
+            if c1390 * 1 > end - pos:
+                raise _count_error(c1390, end - pos)
+            for _ in range(c1390):
+                n1394 = _ZL[buf[pos]]
+                if n1394 < 0:
+                    n1394, pos = _rlong(buf, pos)
+                    if n1394 < 0:
+                        raise _length_error(n1394, end - pos)
                 else:
                     pos += 1
-                q1256 = pos + n1255
-                if q1256 > end:
-                    raise _length_error(n1255, end - pos)
-                x1252 = buf[pos:q1256].decode()
-                pos = q1256
-                acc1250.append(x1252)
-        f_depends_on = tuple(acc1250)
-    n1257 = _ZL[buf[pos]]
-    if n1257 < 0:
-        n1257, pos = _rlong(buf, pos)
-        if n1257 < 0:
-            raise _length_error(n1257, end - pos)
+                q1395 = pos + n1394
+                if q1395 > end:
+                    raise _length_error(n1394, end - pos)
+                x1391 = buf[pos:q1395].decode()
+                pos = q1395
+                acc1389.append(x1391)
+        f_depends_on = tuple(acc1389)
+    n1396 = _ZL[buf[pos]]
+    if n1396 < 0:
+        n1396, pos = _rlong(buf, pos)
+        if n1396 < 0:
+            raise _length_error(n1396, end - pos)
     else:
         pos += 1
-    q1258 = pos + n1257
-    if q1258 > end:
-        raise _length_error(n1257, end - pos)
-    f_dependency = buf[pos:q1258].decode()
-    pos = q1258
-    n1259 = _ZL[buf[pos]]
-    if n1259 < 0:
-        n1259, pos = _rlong(buf, pos)
-        if n1259 < 0:
-            raise _length_error(n1259, end - pos)
+    q1397 = pos + n1396
+    if q1397 > end:
+        raise _length_error(n1396, end - pos)
+    f_dependency = buf[pos:q1397].decode()
+    pos = q1397
+    n1398 = _ZL[buf[pos]]
+    if n1398 < 0:
+        n1398, pos = _rlong(buf, pos)
+        if n1398 < 0:
+            raise _length_error(n1398, end - pos)
     else:
         pos += 1
-    q1260 = pos + n1259
-    if q1260 > end:
-        raise _length_error(n1259, end - pos)
-    f_preemption = buf[pos:q1260].decode()
-    pos = q1260
+    q1399 = pos + n1398
+    if q1399 > end:
+        raise _length_error(n1398, end - pos)
+    f_preemption = buf[pos:q1399].decode()
+    pos = q1399
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -4623,46 +5118,77 @@ def _d_PodSpec1219(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1261 = _ZD[b]
+        i1400 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1400 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1261 = (z >> 1) ^ -(z & 1)
+        i1400 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1261, pos = _rlong(buf, pos)
-    if i1261 == 0:
+        i1400, pos = _rlong(buf, pos)
+    if i1400 == 0:
         f_retry = None
-    elif i1261 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i1400 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i1261, 2)
+        raise _union_error(i1400, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
+    b = buf[pos]
+    if b < 128:
+        i1401 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1401 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1401 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1401, pos = _rlong(buf, pos)
+    if i1401 == 0:
+        f_role = None
+    elif i1401 == 1:
+        n1402 = _ZL[buf[pos]]
+        if n1402 < 0:
+            n1402, pos = _rlong(buf, pos)
+            if n1402 < 0:
+                raise _length_error(n1402, end - pos)
+        else:
+            pos += 1
+        q1403 = pos + n1402
+        if q1403 > end:
+            raise _length_error(n1402, end - pos)
+        f_role = buf[pos:q1403].decode()
+        pos = q1403
+    else:
+        raise _union_error(i1401, 2)
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible, f_role)
     return o, pos
 
 
-def _d_QueueReason1266(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+def _d_QueueReason1408(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
     f_code: str
     f_nodes: int
     f_message: str
-    n1268 = _ZL[buf[pos]]
-    if n1268 < 0:
-        n1268, pos = _rlong(buf, pos)
-        if n1268 < 0:
-            raise _length_error(n1268, end - pos)
+    n1410 = _ZL[buf[pos]]
+    if n1410 < 0:
+        n1410, pos = _rlong(buf, pos)
+        if n1410 < 0:
+            raise _length_error(n1410, end - pos)
     else:
         pos += 1
-    q1269 = pos + n1268
-    if q1269 > end:
-        raise _length_error(n1268, end - pos)
-    f_code = buf[pos:q1269].decode()
-    pos = q1269
+    q1411 = pos + n1410
+    if q1411 > end:
+        raise _length_error(n1410, end - pos)
+    f_code = buf[pos:q1411].decode()
+    pos = q1411
     b = buf[pos]
     if b < 128:
         f_nodes = _ZD[b]
@@ -4677,134 +5203,134 @@ def _d_QueueReason1266(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, 
         pos += 3
     else:
         f_nodes, pos = _rlong(buf, pos)
-    n1270 = _ZL[buf[pos]]
-    if n1270 < 0:
-        n1270, pos = _rlong(buf, pos)
-        if n1270 < 0:
-            raise _length_error(n1270, end - pos)
+    n1412 = _ZL[buf[pos]]
+    if n1412 < 0:
+        n1412, pos = _rlong(buf, pos)
+        if n1412 < 0:
+            raise _length_error(n1412, end - pos)
     else:
         pos += 1
-    q1271 = pos + n1270
-    if q1271 > end:
-        raise _length_error(n1270, end - pos)
-    f_message = buf[pos:q1271].decode()
-    pos = q1271
+    q1413 = pos + n1412
+    if q1413 > end:
+        raise _length_error(n1412, end - pos)
+    f_message = buf[pos:q1413].decode()
+    pos = q1413
     o = _c_QueueReason(f_code, f_nodes, f_message)
     return o, pos
 
 
-def _d_PodQueued1218(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+def _d_PodQueued1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
     f_pod: _c_PodSpec
     f_reasons: tuple[Any, ...]
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1219(buf, pos, end)
+    f_pod, pos = _d_PodSpec1358(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1262: list[Any] = []
+        acc1404: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1263 = _ZD[b]
+                c1405 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1263 = (z >> 1) ^ -(z & 1)
+                c1405 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1263 = (z >> 1) ^ -(z & 1)
+                c1405 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1263, pos = _rlong(buf, pos)
-            if c1263 == 0:
+                c1405, pos = _rlong(buf, pos)
+            if c1405 == 0:
                 break
-            if c1263 < 0:
-                c1263 = -c1263
+            if c1405 < 0:
+                c1405 = -c1405
                 b = buf[pos]
                 if b < 128:
-                    z1266 = _ZD[b]
+                    z1408 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1266 = (z >> 1) ^ -(z & 1)
+                    z1408 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1266 = (z >> 1) ^ -(z & 1)
+                    z1408 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1266, pos = _rlong(buf, pos)
-            if c1263 * 3 > end - pos:
-                raise _count_error(c1263, end - pos)
-            for _ in range(c1263):
-                x1264, pos = _d_QueueReason1266(buf, pos, end)
-                acc1262.append(x1264)
-        f_reasons = tuple(acc1262)
+                    z1408, pos = _rlong(buf, pos)
+            if c1405 * 3 > end - pos:
+                raise _count_error(c1405, end - pos)
+            for _ in range(c1405):
+                x1406, pos = _d_QueueReason1408(buf, pos, end)
+                acc1404.append(x1406)
+        f_reasons = tuple(acc1404)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1272: list[Any] = []
+        acc1414: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1273 = _ZD[b]
+                c1415 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1273 = (z >> 1) ^ -(z & 1)
+                c1415 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1273 = (z >> 1) ^ -(z & 1)
+                c1415 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1273, pos = _rlong(buf, pos)
-            if c1273 == 0:
+                c1415, pos = _rlong(buf, pos)
+            if c1415 == 0:
                 break
-            if c1273 < 0:
-                c1273 = -c1273
+            if c1415 < 0:
+                c1415 = -c1415
                 b = buf[pos]
                 if b < 128:
-                    z1276 = _ZD[b]
+                    z1418 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1276 = (z >> 1) ^ -(z & 1)
+                    z1418 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1276 = (z >> 1) ^ -(z & 1)
+                    z1418 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1276, pos = _rlong(buf, pos)
-            if c1273 * 1 > end - pos:
-                raise _count_error(c1273, end - pos)
-            for _ in range(c1273):
-                n1277 = _ZL[buf[pos]]
-                if n1277 < 0:
-                    n1277, pos = _rlong(buf, pos)
-                    if n1277 < 0:
-                        raise _length_error(n1277, end - pos)
+                    z1418, pos = _rlong(buf, pos)
+            if c1415 * 1 > end - pos:
+                raise _count_error(c1415, end - pos)
+            for _ in range(c1415):
+                n1419 = _ZL[buf[pos]]
+                if n1419 < 0:
+                    n1419, pos = _rlong(buf, pos)
+                    if n1419 < 0:
+                        raise _length_error(n1419, end - pos)
                 else:
                     pos += 1
-                q1278 = pos + n1277
-                if q1278 > end:
-                    raise _length_error(n1277, end - pos)
-                x1274 = buf[pos:q1278].decode()
-                pos = q1278
-                acc1272.append(x1274)
-        f_waiting_for = tuple(acc1272)
+                q1420 = pos + n1419
+                if q1420 > end:
+                    raise _length_error(n1419, end - pos)
+                x1416 = buf[pos:q1420].decode()
+                pos = q1420
+                acc1414.append(x1416)
+        f_waiting_for = tuple(acc1414)
     o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_GpuShare1286(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+def _d_GpuShare1428(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     f_index: int
     f_milli: int
     b = buf[pos]
@@ -4839,7 +5365,7 @@ def _d_GpuShare1286(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
     return o, pos
 
 
-def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+def _d_PodScheduled1420(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
     f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
@@ -4847,347 +5373,347 @@ def _d_PodScheduled1278(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
     f_from_queue: bool
     f_scores: dict[str, Any]
     f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1219(buf, pos, end)
-    n1280 = _ZL[buf[pos]]
-    if n1280 < 0:
-        n1280, pos = _rlong(buf, pos)
-        if n1280 < 0:
-            raise _length_error(n1280, end - pos)
+    f_pod, pos = _d_PodSpec1358(buf, pos, end)
+    n1422 = _ZL[buf[pos]]
+    if n1422 < 0:
+        n1422, pos = _rlong(buf, pos)
+        if n1422 < 0:
+            raise _length_error(n1422, end - pos)
     else:
         pos += 1
-    q1281 = pos + n1280
-    if q1281 > end:
-        raise _length_error(n1280, end - pos)
-    f_node_id = buf[pos:q1281].decode()
-    pos = q1281
+    q1423 = pos + n1422
+    if q1423 > end:
+        raise _length_error(n1422, end - pos)
+    f_node_id = buf[pos:q1423].decode()
+    pos = q1423
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1282: list[Any] = []
+        acc1424: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1283 = _ZD[b]
+                c1425 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1283 = (z >> 1) ^ -(z & 1)
+                c1425 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1283 = (z >> 1) ^ -(z & 1)
+                c1425 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1283, pos = _rlong(buf, pos)
-            if c1283 == 0:
+                c1425, pos = _rlong(buf, pos)
+            if c1425 == 0:
                 break
-            if c1283 < 0:
-                c1283 = -c1283
+            if c1425 < 0:
+                c1425 = -c1425
                 b = buf[pos]
                 if b < 128:
-                    z1286 = _ZD[b]
+                    z1428 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1286 = (z >> 1) ^ -(z & 1)
+                    z1428 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1286 = (z >> 1) ^ -(z & 1)
+                    z1428 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1286, pos = _rlong(buf, pos)
-            if c1283 * 2 > end - pos:
-                raise _count_error(c1283, end - pos)
-            for _ in range(c1283):
-                x1284, pos = _d_GpuShare1286(buf, pos, end)
-                acc1282.append(x1284)
-        f_gpus = tuple(acc1282)
-    n1288 = _ZL[buf[pos]]
-    if n1288 < 0:
-        n1288, pos = _rlong(buf, pos)
-        if n1288 < 0:
-            raise _length_error(n1288, end - pos)
+                    z1428, pos = _rlong(buf, pos)
+            if c1425 * 2 > end - pos:
+                raise _count_error(c1425, end - pos)
+            for _ in range(c1425):
+                x1426, pos = _d_GpuShare1428(buf, pos, end)
+                acc1424.append(x1426)
+        f_gpus = tuple(acc1424)
+    n1430 = _ZL[buf[pos]]
+    if n1430 < 0:
+        n1430, pos = _rlong(buf, pos)
+        if n1430 < 0:
+            raise _length_error(n1430, end - pos)
     else:
         pos += 1
-    q1289 = pos + n1288
-    if q1289 > end:
-        raise _length_error(n1288, end - pos)
-    f_policy = buf[pos:q1289].decode()
-    pos = q1289
+    q1431 = pos + n1430
+    if q1431 > end:
+        raise _length_error(n1430, end - pos)
+    f_policy = buf[pos:q1431].decode()
+    pos = q1431
     f_from_queue = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_scores = {}
     else:
-        acc1290: dict[str, Any] = {}
+        acc1432: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1291 = _ZD[b]
+                c1433 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1291 = (z >> 1) ^ -(z & 1)
+                c1433 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1291 = (z >> 1) ^ -(z & 1)
+                c1433 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1291, pos = _rlong(buf, pos)
-            if c1291 == 0:
+                c1433, pos = _rlong(buf, pos)
+            if c1433 == 0:
                 break
-            if c1291 < 0:
-                c1291 = -c1291
+            if c1433 < 0:
+                c1433 = -c1433
                 b = buf[pos]
                 if b < 128:
-                    z1294 = _ZD[b]
+                    z1436 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1294 = (z >> 1) ^ -(z & 1)
+                    z1436 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1294 = (z >> 1) ^ -(z & 1)
+                    z1436 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1294, pos = _rlong(buf, pos)
-            if c1291 * 9 > end - pos:
-                raise _count_error(c1291, end - pos)
-            for _ in range(c1291):
-                n1295 = _ZL[buf[pos]]
-                if n1295 < 0:
-                    n1295, pos = _rlong(buf, pos)
-                    if n1295 < 0:
-                        raise _length_error(n1295, end - pos)
+                    z1436, pos = _rlong(buf, pos)
+            if c1433 * 9 > end - pos:
+                raise _count_error(c1433, end - pos)
+            for _ in range(c1433):
+                n1437 = _ZL[buf[pos]]
+                if n1437 < 0:
+                    n1437, pos = _rlong(buf, pos)
+                    if n1437 < 0:
+                        raise _length_error(n1437, end - pos)
                 else:
                     pos += 1
-                q1296 = pos + n1295
-                if q1296 > end:
-                    raise _length_error(n1295, end - pos)
-                k1293 = buf[pos:q1296].decode()
-                pos = q1296
-                x1292, = _unpack_d(buf, pos)
+                q1438 = pos + n1437
+                if q1438 > end:
+                    raise _length_error(n1437, end - pos)
+                k1435 = buf[pos:q1438].decode()
+                pos = q1438
+                x1434, = _unpack_d(buf, pos)
                 pos += 8
-                acc1290[k1293] = x1292
-        f_scores = acc1290
+                acc1432[k1435] = x1434
+        f_scores = acc1432
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1297: list[Any] = []
+        acc1439: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1298 = _ZD[b]
+                c1440 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1298 = (z >> 1) ^ -(z & 1)
+                c1440 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1298 = (z >> 1) ^ -(z & 1)
+                c1440 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1298, pos = _rlong(buf, pos)
-            if c1298 == 0:
+                c1440, pos = _rlong(buf, pos)
+            if c1440 == 0:
                 break
-            if c1298 < 0:
-                c1298 = -c1298
+            if c1440 < 0:
+                c1440 = -c1440
                 b = buf[pos]
                 if b < 128:
-                    z1301 = _ZD[b]
+                    z1443 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1301 = (z >> 1) ^ -(z & 1)
+                    z1443 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1301 = (z >> 1) ^ -(z & 1)
+                    z1443 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1301, pos = _rlong(buf, pos)
-            if c1298 * 1 > end - pos:
-                raise _count_error(c1298, end - pos)
-            for _ in range(c1298):
-                n1302 = _ZL[buf[pos]]
-                if n1302 < 0:
-                    n1302, pos = _rlong(buf, pos)
-                    if n1302 < 0:
-                        raise _length_error(n1302, end - pos)
+                    z1443, pos = _rlong(buf, pos)
+            if c1440 * 1 > end - pos:
+                raise _count_error(c1440, end - pos)
+            for _ in range(c1440):
+                n1444 = _ZL[buf[pos]]
+                if n1444 < 0:
+                    n1444, pos = _rlong(buf, pos)
+                    if n1444 < 0:
+                        raise _length_error(n1444, end - pos)
                 else:
                     pos += 1
-                q1303 = pos + n1302
-                if q1303 > end:
-                    raise _length_error(n1302, end - pos)
-                x1299 = buf[pos:q1303].decode()
-                pos = q1303
-                acc1297.append(x1299)
-        f_preempted = tuple(acc1297)
+                q1445 = pos + n1444
+                if q1445 > end:
+                    raise _length_error(n1444, end - pos)
+                x1441 = buf[pos:q1445].decode()
+                pos = q1445
+                acc1439.append(x1441)
+        f_preempted = tuple(acc1439)
     o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_PodEvicted1303(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+def _d_PodEvicted1445(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
     f_pod_id: str
     f_node_id: str
     f_reason: str
-    n1305 = _ZL[buf[pos]]
-    if n1305 < 0:
-        n1305, pos = _rlong(buf, pos)
-        if n1305 < 0:
-            raise _length_error(n1305, end - pos)
+    n1447 = _ZL[buf[pos]]
+    if n1447 < 0:
+        n1447, pos = _rlong(buf, pos)
+        if n1447 < 0:
+            raise _length_error(n1447, end - pos)
     else:
         pos += 1
-    q1306 = pos + n1305
-    if q1306 > end:
-        raise _length_error(n1305, end - pos)
-    f_pod_id = buf[pos:q1306].decode()
-    pos = q1306
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
+    q1448 = pos + n1447
+    if q1448 > end:
+        raise _length_error(n1447, end - pos)
+    f_pod_id = buf[pos:q1448].decode()
+    pos = q1448
+    n1449 = _ZL[buf[pos]]
+    if n1449 < 0:
+        n1449, pos = _rlong(buf, pos)
+        if n1449 < 0:
+            raise _length_error(n1449, end - pos)
     else:
         pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_node_id = buf[pos:q1308].decode()
-    pos = q1308
-    n1309 = _ZL[buf[pos]]
-    if n1309 < 0:
-        n1309, pos = _rlong(buf, pos)
-        if n1309 < 0:
-            raise _length_error(n1309, end - pos)
+    q1450 = pos + n1449
+    if q1450 > end:
+        raise _length_error(n1449, end - pos)
+    f_node_id = buf[pos:q1450].decode()
+    pos = q1450
+    n1451 = _ZL[buf[pos]]
+    if n1451 < 0:
+        n1451, pos = _rlong(buf, pos)
+        if n1451 < 0:
+            raise _length_error(n1451, end - pos)
     else:
         pos += 1
-    q1310 = pos + n1309
-    if q1310 > end:
-        raise _length_error(n1309, end - pos)
-    f_reason = buf[pos:q1310].decode()
-    pos = q1310
+    q1452 = pos + n1451
+    if q1452 > end:
+        raise _length_error(n1451, end - pos)
+    f_reason = buf[pos:q1452].decode()
+    pos = q1452
     o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PodReleased1310(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+def _d_PodReleased1452(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
     f_pod_id: str
     f_node_id: Any
     f_reason: str
-    n1312 = _ZL[buf[pos]]
-    if n1312 < 0:
-        n1312, pos = _rlong(buf, pos)
-        if n1312 < 0:
-            raise _length_error(n1312, end - pos)
+    n1454 = _ZL[buf[pos]]
+    if n1454 < 0:
+        n1454, pos = _rlong(buf, pos)
+        if n1454 < 0:
+            raise _length_error(n1454, end - pos)
     else:
         pos += 1
-    q1313 = pos + n1312
-    if q1313 > end:
-        raise _length_error(n1312, end - pos)
-    f_pod_id = buf[pos:q1313].decode()
-    pos = q1313
+    q1455 = pos + n1454
+    if q1455 > end:
+        raise _length_error(n1454, end - pos)
+    f_pod_id = buf[pos:q1455].decode()
+    pos = q1455
     b = buf[pos]
     if b < 128:
-        i1314 = _ZD[b]
+        i1456 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1314 = (z >> 1) ^ -(z & 1)
+        i1456 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1314 = (z >> 1) ^ -(z & 1)
+        i1456 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1314, pos = _rlong(buf, pos)
-    if i1314 == 0:
+        i1456, pos = _rlong(buf, pos)
+    if i1456 == 0:
         f_node_id = None
-    elif i1314 == 1:
-        n1315 = _ZL[buf[pos]]
-        if n1315 < 0:
-            n1315, pos = _rlong(buf, pos)
-            if n1315 < 0:
-                raise _length_error(n1315, end - pos)
+    elif i1456 == 1:
+        n1457 = _ZL[buf[pos]]
+        if n1457 < 0:
+            n1457, pos = _rlong(buf, pos)
+            if n1457 < 0:
+                raise _length_error(n1457, end - pos)
         else:
             pos += 1
-        q1316 = pos + n1315
-        if q1316 > end:
-            raise _length_error(n1315, end - pos)
-        f_node_id = buf[pos:q1316].decode()
-        pos = q1316
+        q1458 = pos + n1457
+        if q1458 > end:
+            raise _length_error(n1457, end - pos)
+        f_node_id = buf[pos:q1458].decode()
+        pos = q1458
     else:
-        raise _union_error(i1314, 2)
-    n1317 = _ZL[buf[pos]]
-    if n1317 < 0:
-        n1317, pos = _rlong(buf, pos)
-        if n1317 < 0:
-            raise _length_error(n1317, end - pos)
+        raise _union_error(i1456, 2)
+    n1459 = _ZL[buf[pos]]
+    if n1459 < 0:
+        n1459, pos = _rlong(buf, pos)
+        if n1459 < 0:
+            raise _length_error(n1459, end - pos)
     else:
         pos += 1
-    q1318 = pos + n1317
-    if q1318 > end:
-        raise _length_error(n1317, end - pos)
-    f_reason = buf[pos:q1318].decode()
-    pos = q1318
+    q1460 = pos + n1459
+    if q1460 > end:
+        raise _length_error(n1459, end - pos)
+    f_reason = buf[pos:q1460].decode()
+    pos = q1460
     o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
     return o, pos
 
 
-def _d_PolicyChanged1318(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+def _d_PolicyChanged1460(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
     f_policy: str
     f_previous: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_max_clock_jump_ms: Any
-    n1320 = _ZL[buf[pos]]
-    if n1320 < 0:
-        n1320, pos = _rlong(buf, pos)
-        if n1320 < 0:
-            raise _length_error(n1320, end - pos)
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
     else:
         pos += 1
-    q1321 = pos + n1320
-    if q1321 > end:
-        raise _length_error(n1320, end - pos)
-    f_policy = buf[pos:q1321].decode()
-    pos = q1321
-    n1322 = _ZL[buf[pos]]
-    if n1322 < 0:
-        n1322, pos = _rlong(buf, pos)
-        if n1322 < 0:
-            raise _length_error(n1322, end - pos)
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_policy = buf[pos:q1463].decode()
+    pos = q1463
+    n1464 = _ZL[buf[pos]]
+    if n1464 < 0:
+        n1464, pos = _rlong(buf, pos)
+        if n1464 < 0:
+            raise _length_error(n1464, end - pos)
     else:
         pos += 1
-    q1323 = pos + n1322
-    if q1323 > end:
-        raise _length_error(n1322, end - pos)
-    f_previous = buf[pos:q1323].decode()
-    pos = q1323
+    q1465 = pos + n1464
+    if q1465 > end:
+        raise _length_error(n1464, end - pos)
+    f_previous = buf[pos:q1465].decode()
+    pos = q1465
     b = buf[pos]
     if b < 128:
-        i1324 = _ZD[b]
+        i1466 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1324 = (z >> 1) ^ -(z & 1)
+        i1466 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1324 = (z >> 1) ^ -(z & 1)
+        i1466 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1324, pos = _rlong(buf, pos)
-    if i1324 == 0:
+        i1466, pos = _rlong(buf, pos)
+    if i1466 == 0:
         f_reserve_after_ms = None
-    elif i1324 == 1:
+    elif i1466 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -5203,36 +5729,36 @@ def _d_PolicyChanged1318(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1324, 2)
-    n1325 = _ZL[buf[pos]]
-    if n1325 < 0:
-        n1325, pos = _rlong(buf, pos)
-        if n1325 < 0:
-            raise _length_error(n1325, end - pos)
+        raise _union_error(i1466, 2)
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
     else:
         pos += 1
-    q1326 = pos + n1325
-    if q1326 > end:
-        raise _length_error(n1325, end - pos)
-    f_queue_order = buf[pos:q1326].decode()
-    pos = q1326
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_queue_order = buf[pos:q1468].decode()
+    pos = q1468
     b = buf[pos]
     if b < 128:
-        i1327 = _ZD[b]
+        i1469 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1327 = (z >> 1) ^ -(z & 1)
+        i1469 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1327 = (z >> 1) ^ -(z & 1)
+        i1469 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1327, pos = _rlong(buf, pos)
-    if i1327 == 0:
+        i1469, pos = _rlong(buf, pos)
+    if i1469 == 0:
         f_max_clock_jump_ms = None
-    elif i1327 == 1:
+    elif i1469 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -5248,69 +5774,69 @@ def _d_PolicyChanged1318(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChang
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1327, 2)
+        raise _union_error(i1469, 2)
     o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_CommandRejected1327(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+def _d_CommandRejected1469(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
     f_command_id: str
     f_command_type: str
     f_code: str
     f_message: str
-    n1329 = _ZL[buf[pos]]
-    if n1329 < 0:
-        n1329, pos = _rlong(buf, pos)
-        if n1329 < 0:
-            raise _length_error(n1329, end - pos)
+    n1471 = _ZL[buf[pos]]
+    if n1471 < 0:
+        n1471, pos = _rlong(buf, pos)
+        if n1471 < 0:
+            raise _length_error(n1471, end - pos)
     else:
         pos += 1
-    q1330 = pos + n1329
-    if q1330 > end:
-        raise _length_error(n1329, end - pos)
-    f_command_id = buf[pos:q1330].decode()
-    pos = q1330
-    n1331 = _ZL[buf[pos]]
-    if n1331 < 0:
-        n1331, pos = _rlong(buf, pos)
-        if n1331 < 0:
-            raise _length_error(n1331, end - pos)
+    q1472 = pos + n1471
+    if q1472 > end:
+        raise _length_error(n1471, end - pos)
+    f_command_id = buf[pos:q1472].decode()
+    pos = q1472
+    n1473 = _ZL[buf[pos]]
+    if n1473 < 0:
+        n1473, pos = _rlong(buf, pos)
+        if n1473 < 0:
+            raise _length_error(n1473, end - pos)
     else:
         pos += 1
-    q1332 = pos + n1331
-    if q1332 > end:
-        raise _length_error(n1331, end - pos)
-    f_command_type = buf[pos:q1332].decode()
-    pos = q1332
-    n1333 = _ZL[buf[pos]]
-    if n1333 < 0:
-        n1333, pos = _rlong(buf, pos)
-        if n1333 < 0:
-            raise _length_error(n1333, end - pos)
+    q1474 = pos + n1473
+    if q1474 > end:
+        raise _length_error(n1473, end - pos)
+    f_command_type = buf[pos:q1474].decode()
+    pos = q1474
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
     else:
         pos += 1
-    q1334 = pos + n1333
-    if q1334 > end:
-        raise _length_error(n1333, end - pos)
-    f_code = buf[pos:q1334].decode()
-    pos = q1334
-    n1335 = _ZL[buf[pos]]
-    if n1335 < 0:
-        n1335, pos = _rlong(buf, pos)
-        if n1335 < 0:
-            raise _length_error(n1335, end - pos)
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_code = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
     else:
         pos += 1
-    q1336 = pos + n1335
-    if q1336 > end:
-        raise _length_error(n1335, end - pos)
-    f_message = buf[pos:q1336].decode()
-    pos = q1336
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_message = buf[pos:q1478].decode()
+    pos = q1478
     o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
     return o, pos
 
 
-def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+def _d_GangSpec1486(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -5329,30 +5855,31 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
     f_queued_at: Any
     f_preemptible: bool
     f_disruption: str
-    n1346 = _ZL[buf[pos]]
-    if n1346 < 0:
-        n1346, pos = _rlong(buf, pos)
-        if n1346 < 0:
-            raise _length_error(n1346, end - pos)
+    f_min_members_per_role: dict[str, Any]
+    n1488 = _ZL[buf[pos]]
+    if n1488 < 0:
+        n1488, pos = _rlong(buf, pos)
+        if n1488 < 0:
+            raise _length_error(n1488, end - pos)
     else:
         pos += 1
-    q1347 = pos + n1346
-    if q1347 > end:
-        raise _length_error(n1346, end - pos)
-    f_gang_id = buf[pos:q1347].decode()
-    pos = q1347
-    n1348 = _ZL[buf[pos]]
-    if n1348 < 0:
-        n1348, pos = _rlong(buf, pos)
-        if n1348 < 0:
-            raise _length_error(n1348, end - pos)
+    q1489 = pos + n1488
+    if q1489 > end:
+        raise _length_error(n1488, end - pos)
+    f_gang_id = buf[pos:q1489].decode()
+    pos = q1489
+    n1490 = _ZL[buf[pos]]
+    if n1490 < 0:
+        n1490, pos = _rlong(buf, pos)
+        if n1490 < 0:
+            raise _length_error(n1490, end - pos)
     else:
         pos += 1
-    q1349 = pos + n1348
-    if q1349 > end:
-        raise _length_error(n1348, end - pos)
-    f_tenant = buf[pos:q1349].decode()
-    pos = q1349
+    q1491 = pos + n1490
+    if q1491 > end:
+        raise _length_error(n1490, end - pos)
+    f_tenant = buf[pos:q1491].decode()
+    pos = q1491
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -5371,46 +5898,46 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 1
         f_members = ()
     else:
-        acc1350: list[Any] = []
+        acc1492: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1351 = _ZD[b]
+                c1493 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1351 = (z >> 1) ^ -(z & 1)
+                c1493 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1351 = (z >> 1) ^ -(z & 1)
+                c1493 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1351, pos = _rlong(buf, pos)
-            if c1351 == 0:
+                c1493, pos = _rlong(buf, pos)
+            if c1493 == 0:
                 break
-            if c1351 < 0:
-                c1351 = -c1351
+            if c1493 < 0:
+                c1493 = -c1493
                 b = buf[pos]
                 if b < 128:
-                    z1354 = _ZD[b]
+                    z1496 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1354 = (z >> 1) ^ -(z & 1)
+                    z1496 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1354 = (z >> 1) ^ -(z & 1)
+                    z1496 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1354, pos = _rlong(buf, pos)
-            if c1351 * 21 > end - pos:
-                raise _count_error(c1351, end - pos)
-            for _ in range(c1351):
-                x1352, pos = _d_PodSpec1219(buf, pos, end)
-                acc1350.append(x1352)
-        f_members = tuple(acc1350)
+                    z1496, pos = _rlong(buf, pos)
+            if c1493 * 22 > end - pos:
+                raise _count_error(c1493, end - pos)
+            for _ in range(c1493):
+                x1494, pos = _d_PodSpec1358(buf, pos, end)
+                acc1492.append(x1494)
+        f_members = tuple(acc1492)
     b = buf[pos]
     if b < 128:
         f_min_members = _ZD[b]
@@ -5427,83 +5954,83 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         f_min_members, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1355 = _ZD[b]
+        i1497 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1355 = (z >> 1) ^ -(z & 1)
+        i1497 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1355 = (z >> 1) ^ -(z & 1)
+        i1497 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1355, pos = _rlong(buf, pos)
-    if i1355 == 0:
+        i1497, pos = _rlong(buf, pos)
+    if i1497 == 0:
         f_topology_required = None
-    elif i1355 == 1:
-        n1356 = _ZL[buf[pos]]
-        if n1356 < 0:
-            n1356, pos = _rlong(buf, pos)
-            if n1356 < 0:
-                raise _length_error(n1356, end - pos)
+    elif i1497 == 1:
+        n1498 = _ZL[buf[pos]]
+        if n1498 < 0:
+            n1498, pos = _rlong(buf, pos)
+            if n1498 < 0:
+                raise _length_error(n1498, end - pos)
         else:
             pos += 1
-        q1357 = pos + n1356
-        if q1357 > end:
-            raise _length_error(n1356, end - pos)
-        f_topology_required = buf[pos:q1357].decode()
-        pos = q1357
+        q1499 = pos + n1498
+        if q1499 > end:
+            raise _length_error(n1498, end - pos)
+        f_topology_required = buf[pos:q1499].decode()
+        pos = q1499
     else:
-        raise _union_error(i1355, 2)
+        raise _union_error(i1497, 2)
     b = buf[pos]
     if b < 128:
-        i1358 = _ZD[b]
+        i1500 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1358 = (z >> 1) ^ -(z & 1)
+        i1500 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1358 = (z >> 1) ^ -(z & 1)
+        i1500 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1358, pos = _rlong(buf, pos)
-    if i1358 == 0:
+        i1500, pos = _rlong(buf, pos)
+    if i1500 == 0:
         f_topology_preferred = None
-    elif i1358 == 1:
-        n1359 = _ZL[buf[pos]]
-        if n1359 < 0:
-            n1359, pos = _rlong(buf, pos)
-            if n1359 < 0:
-                raise _length_error(n1359, end - pos)
+    elif i1500 == 1:
+        n1501 = _ZL[buf[pos]]
+        if n1501 < 0:
+            n1501, pos = _rlong(buf, pos)
+            if n1501 < 0:
+                raise _length_error(n1501, end - pos)
         else:
             pos += 1
-        q1360 = pos + n1359
-        if q1360 > end:
-            raise _length_error(n1359, end - pos)
-        f_topology_preferred = buf[pos:q1360].decode()
-        pos = q1360
+        q1502 = pos + n1501
+        if q1502 > end:
+            raise _length_error(n1501, end - pos)
+        f_topology_preferred = buf[pos:q1502].decode()
+        pos = q1502
     else:
-        raise _union_error(i1358, 2)
+        raise _union_error(i1500, 2)
     b = buf[pos]
     if b < 128:
-        i1361 = _ZD[b]
+        i1503 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1361 = (z >> 1) ^ -(z & 1)
+        i1503 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1361 = (z >> 1) ^ -(z & 1)
+        i1503 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1361, pos = _rlong(buf, pos)
-    if i1361 == 0:
+        i1503, pos = _rlong(buf, pos)
+    if i1503 == 0:
         f_timeout_ms = None
-    elif i1361 == 1:
+    elif i1503 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -5519,24 +6046,24 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1361, 2)
+        raise _union_error(i1503, 2)
     b = buf[pos]
     if b < 128:
-        i1362 = _ZD[b]
+        i1504 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1362 = (z >> 1) ^ -(z & 1)
+        i1504 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1362 = (z >> 1) ^ -(z & 1)
+        i1504 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1362, pos = _rlong(buf, pos)
-    if i1362 == 0:
+        i1504, pos = _rlong(buf, pos)
+    if i1504 == 0:
         f_time_limit_ms = None
-    elif i1362 == 1:
+    elif i1504 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -5552,74 +6079,74 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1362, 2)
+        raise _union_error(i1504, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc1363: list[Any] = []
+        acc1505: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1364 = _ZD[b]
+                c1506 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1364 = (z >> 1) ^ -(z & 1)
+                c1506 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1364 = (z >> 1) ^ -(z & 1)
+                c1506 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1364, pos = _rlong(buf, pos)
-            if c1364 == 0:
+                c1506, pos = _rlong(buf, pos)
+            if c1506 == 0:
                 break
-            if c1364 < 0:
-                c1364 = -c1364
+            if c1506 < 0:
+                c1506 = -c1506
                 b = buf[pos]
                 if b < 128:
-                    z1367 = _ZD[b]
+                    z1509 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1367 = (z >> 1) ^ -(z & 1)
+                    z1509 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1367 = (z >> 1) ^ -(z & 1)
+                    z1509 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1367, pos = _rlong(buf, pos)
-            if c1364 * 1 > end - pos:
-                raise _count_error(c1364, end - pos)
-            for _ in range(c1364):
-                n1368 = _ZL[buf[pos]]
-                if n1368 < 0:
-                    n1368, pos = _rlong(buf, pos)
-                    if n1368 < 0:
-                        raise _length_error(n1368, end - pos)
+                    z1509, pos = _rlong(buf, pos)
+            if c1506 * 1 > end - pos:
+                raise _count_error(c1506, end - pos)
+            for _ in range(c1506):
+                n1510 = _ZL[buf[pos]]
+                if n1510 < 0:
+                    n1510, pos = _rlong(buf, pos)
+                    if n1510 < 0:
+                        raise _length_error(n1510, end - pos)
                 else:
                     pos += 1
-                q1369 = pos + n1368
-                if q1369 > end:
-                    raise _length_error(n1368, end - pos)
-                x1365 = buf[pos:q1369].decode()
-                pos = q1369
-                acc1363.append(x1365)
-        f_depends_on = tuple(acc1363)
-    n1370 = _ZL[buf[pos]]
-    if n1370 < 0:
-        n1370, pos = _rlong(buf, pos)
-        if n1370 < 0:
-            raise _length_error(n1370, end - pos)
+                q1511 = pos + n1510
+                if q1511 > end:
+                    raise _length_error(n1510, end - pos)
+                x1507 = buf[pos:q1511].decode()
+                pos = q1511
+                acc1505.append(x1507)
+        f_depends_on = tuple(acc1505)
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
     else:
         pos += 1
-    q1371 = pos + n1370
-    if q1371 > end:
-        raise _length_error(n1370, end - pos)
-    f_dependency = buf[pos:q1371].decode()
-    pos = q1371
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_dependency = buf[pos:q1513].decode()
+    pos = q1513
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -5648,55 +6175,55 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1372 = _ZL[buf[pos]]
-    if n1372 < 0:
-        n1372, pos = _rlong(buf, pos)
-        if n1372 < 0:
-            raise _length_error(n1372, end - pos)
+    n1514 = _ZL[buf[pos]]
+    if n1514 < 0:
+        n1514, pos = _rlong(buf, pos)
+        if n1514 < 0:
+            raise _length_error(n1514, end - pos)
     else:
         pos += 1
-    q1373 = pos + n1372
-    if q1373 > end:
-        raise _length_error(n1372, end - pos)
-    f_preemption = buf[pos:q1373].decode()
-    pos = q1373
+    q1515 = pos + n1514
+    if q1515 > end:
+        raise _length_error(n1514, end - pos)
+    f_preemption = buf[pos:q1515].decode()
+    pos = q1515
     b = buf[pos]
     if b < 128:
-        i1374 = _ZD[b]
+        i1516 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1374 = (z >> 1) ^ -(z & 1)
+        i1516 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1374 = (z >> 1) ^ -(z & 1)
+        i1516 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1374, pos = _rlong(buf, pos)
-    if i1374 == 0:
+        i1516, pos = _rlong(buf, pos)
+    if i1516 == 0:
         f_retry = None
-    elif i1374 == 1:
-        f_retry, pos = _d_Retry439(buf, pos, end)
+    elif i1516 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i1374, 2)
+        raise _union_error(i1516, 2)
     b = buf[pos]
     if b < 128:
-        i1375 = _ZD[b]
+        i1517 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1375 = (z >> 1) ^ -(z & 1)
+        i1517 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1375 = (z >> 1) ^ -(z & 1)
+        i1517 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1375, pos = _rlong(buf, pos)
-    if i1375 == 0:
+        i1517, pos = _rlong(buf, pos)
+    if i1517 == 0:
         f_queued_at = None
-    elif i1375 == 1:
+    elif i1517 == 1:
         b = buf[pos]
         if b < 128:
             f_queued_at = _ZD[b]
@@ -5712,226 +6239,295 @@ def _d_GangSpec1344(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         else:
             f_queued_at, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1375, 2)
+        raise _union_error(i1517, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
-    n1376 = _ZL[buf[pos]]
-    if n1376 < 0:
-        n1376, pos = _rlong(buf, pos)
-        if n1376 < 0:
-            raise _length_error(n1376, end - pos)
+    n1518 = _ZL[buf[pos]]
+    if n1518 < 0:
+        n1518, pos = _rlong(buf, pos)
+        if n1518 < 0:
+            raise _length_error(n1518, end - pos)
     else:
         pos += 1
-    q1377 = pos + n1376
-    if q1377 > end:
-        raise _length_error(n1376, end - pos)
-    f_disruption = buf[pos:q1377].decode()
-    pos = q1377
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption)
+    q1519 = pos + n1518
+    if q1519 > end:
+        raise _length_error(n1518, end - pos)
+    f_disruption = buf[pos:q1519].decode()
+    pos = q1519
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc1520: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1521 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1521 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1521 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1521, pos = _rlong(buf, pos)
+            if c1521 == 0:
+                break
+            if c1521 < 0:
+                c1521 = -c1521
+                b = buf[pos]
+                if b < 128:
+                    z1524 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1524 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1524 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1524, pos = _rlong(buf, pos)
+            if c1521 * 2 > end - pos:
+                raise _count_error(c1521, end - pos)
+            for _ in range(c1521):
+                n1525 = _ZL[buf[pos]]
+                if n1525 < 0:
+                    n1525, pos = _rlong(buf, pos)
+                    if n1525 < 0:
+                        raise _length_error(n1525, end - pos)
+                else:
+                    pos += 1
+                q1526 = pos + n1525
+                if q1526 > end:
+                    raise _length_error(n1525, end - pos)
+                k1523 = buf[pos:q1526].decode()
+                pos = q1526
+                b = buf[pos]
+                if b < 128:
+                    x1522 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1522 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1522 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1522, pos = _rlong(buf, pos)
+                acc1520[k1523] = x1522
+        f_min_members_per_role = acc1520
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption, f_min_members_per_role)
     return o, pos
 
 
-def _d_GangQueued1336(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+def _d_GangQueued1478(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
     f_gang_id: str
     f_reasons: tuple[Any, ...]
     f_gang: _c_GangSpec
     f_requeued: bool
     f_waiting_for: tuple[Any, ...]
-    n1338 = _ZL[buf[pos]]
-    if n1338 < 0:
-        n1338, pos = _rlong(buf, pos)
-        if n1338 < 0:
-            raise _length_error(n1338, end - pos)
+    n1480 = _ZL[buf[pos]]
+    if n1480 < 0:
+        n1480, pos = _rlong(buf, pos)
+        if n1480 < 0:
+            raise _length_error(n1480, end - pos)
     else:
         pos += 1
-    q1339 = pos + n1338
-    if q1339 > end:
-        raise _length_error(n1338, end - pos)
-    f_gang_id = buf[pos:q1339].decode()
-    pos = q1339
+    q1481 = pos + n1480
+    if q1481 > end:
+        raise _length_error(n1480, end - pos)
+    f_gang_id = buf[pos:q1481].decode()
+    pos = q1481
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1340: list[Any] = []
+        acc1482: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1341 = _ZD[b]
+                c1483 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1341 = (z >> 1) ^ -(z & 1)
+                c1483 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1341 = (z >> 1) ^ -(z & 1)
+                c1483 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1341, pos = _rlong(buf, pos)
-            if c1341 == 0:
+                c1483, pos = _rlong(buf, pos)
+            if c1483 == 0:
                 break
-            if c1341 < 0:
-                c1341 = -c1341
+            if c1483 < 0:
+                c1483 = -c1483
                 b = buf[pos]
                 if b < 128:
-                    z1344 = _ZD[b]
+                    z1486 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1344 = (z >> 1) ^ -(z & 1)
+                    z1486 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1344 = (z >> 1) ^ -(z & 1)
+                    z1486 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1344, pos = _rlong(buf, pos)
-            if c1341 * 3 > end - pos:
-                raise _count_error(c1341, end - pos)
-            for _ in range(c1341):
-                x1342, pos = _d_QueueReason1266(buf, pos, end)
-                acc1340.append(x1342)
-        f_reasons = tuple(acc1340)
-    f_gang, pos = _d_GangSpec1344(buf, pos, end)
+                    z1486, pos = _rlong(buf, pos)
+            if c1483 * 3 > end - pos:
+                raise _count_error(c1483, end - pos)
+            for _ in range(c1483):
+                x1484, pos = _d_QueueReason1408(buf, pos, end)
+                acc1482.append(x1484)
+        f_reasons = tuple(acc1482)
+    f_gang, pos = _d_GangSpec1486(buf, pos, end)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1378: list[Any] = []
+        acc1527: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1379 = _ZD[b]
+                c1528 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1379 = (z >> 1) ^ -(z & 1)
+                c1528 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1379 = (z >> 1) ^ -(z & 1)
+                c1528 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1379, pos = _rlong(buf, pos)
-            if c1379 == 0:
+                c1528, pos = _rlong(buf, pos)
+            if c1528 == 0:
                 break
-            if c1379 < 0:
-                c1379 = -c1379
+            if c1528 < 0:
+                c1528 = -c1528
                 b = buf[pos]
                 if b < 128:
-                    z1382 = _ZD[b]
+                    z1531 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1382 = (z >> 1) ^ -(z & 1)
+                    z1531 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1382 = (z >> 1) ^ -(z & 1)
+                    z1531 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1382, pos = _rlong(buf, pos)
-            if c1379 * 1 > end - pos:
-                raise _count_error(c1379, end - pos)
-            for _ in range(c1379):
-                n1383 = _ZL[buf[pos]]
-                if n1383 < 0:
-                    n1383, pos = _rlong(buf, pos)
-                    if n1383 < 0:
-                        raise _length_error(n1383, end - pos)
+                    z1531, pos = _rlong(buf, pos)
+            if c1528 * 1 > end - pos:
+                raise _count_error(c1528, end - pos)
+            for _ in range(c1528):
+                n1532 = _ZL[buf[pos]]
+                if n1532 < 0:
+                    n1532, pos = _rlong(buf, pos)
+                    if n1532 < 0:
+                        raise _length_error(n1532, end - pos)
                 else:
                     pos += 1
-                q1384 = pos + n1383
-                if q1384 > end:
-                    raise _length_error(n1383, end - pos)
-                x1380 = buf[pos:q1384].decode()
-                pos = q1384
-                acc1378.append(x1380)
-        f_waiting_for = tuple(acc1378)
+                q1533 = pos + n1532
+                if q1533 > end:
+                    raise _length_error(n1532, end - pos)
+                x1529 = buf[pos:q1533].decode()
+                pos = q1533
+                acc1527.append(x1529)
+        f_waiting_for = tuple(acc1527)
     o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1392(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+def _d_MemberPlacement1541(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
     f_pod_id: str
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1394 = _ZL[buf[pos]]
-    if n1394 < 0:
-        n1394, pos = _rlong(buf, pos)
-        if n1394 < 0:
-            raise _length_error(n1394, end - pos)
+    n1543 = _ZL[buf[pos]]
+    if n1543 < 0:
+        n1543, pos = _rlong(buf, pos)
+        if n1543 < 0:
+            raise _length_error(n1543, end - pos)
     else:
         pos += 1
-    q1395 = pos + n1394
-    if q1395 > end:
-        raise _length_error(n1394, end - pos)
-    f_pod_id = buf[pos:q1395].decode()
-    pos = q1395
-    n1396 = _ZL[buf[pos]]
-    if n1396 < 0:
-        n1396, pos = _rlong(buf, pos)
-        if n1396 < 0:
-            raise _length_error(n1396, end - pos)
+    q1544 = pos + n1543
+    if q1544 > end:
+        raise _length_error(n1543, end - pos)
+    f_pod_id = buf[pos:q1544].decode()
+    pos = q1544
+    n1545 = _ZL[buf[pos]]
+    if n1545 < 0:
+        n1545, pos = _rlong(buf, pos)
+        if n1545 < 0:
+            raise _length_error(n1545, end - pos)
     else:
         pos += 1
-    q1397 = pos + n1396
-    if q1397 > end:
-        raise _length_error(n1396, end - pos)
-    f_node_id = buf[pos:q1397].decode()
-    pos = q1397
+    q1546 = pos + n1545
+    if q1546 > end:
+        raise _length_error(n1545, end - pos)
+    f_node_id = buf[pos:q1546].decode()
+    pos = q1546
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1398: list[Any] = []
+        acc1547: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1399 = _ZD[b]
+                c1548 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1399 = (z >> 1) ^ -(z & 1)
+                c1548 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1399 = (z >> 1) ^ -(z & 1)
+                c1548 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1399, pos = _rlong(buf, pos)
-            if c1399 == 0:
+                c1548, pos = _rlong(buf, pos)
+            if c1548 == 0:
                 break
-            if c1399 < 0:
-                c1399 = -c1399
+            if c1548 < 0:
+                c1548 = -c1548
                 b = buf[pos]
                 if b < 128:
-                    z1402 = _ZD[b]
+                    z1551 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1402 = (z >> 1) ^ -(z & 1)
+                    z1551 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1402 = (z >> 1) ^ -(z & 1)
+                    z1551 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1402, pos = _rlong(buf, pos)
-            if c1399 * 2 > end - pos:
-                raise _count_error(c1399, end - pos)
-            for _ in range(c1399):
-                x1400, pos = _d_GpuShare1286(buf, pos, end)
-                acc1398.append(x1400)
-        f_gpus = tuple(acc1398)
+                    z1551, pos = _rlong(buf, pos)
+            if c1548 * 2 > end - pos:
+                raise _count_error(c1548, end - pos)
+            for _ in range(c1548):
+                x1549, pos = _d_GpuShare1428(buf, pos, end)
+                acc1547.append(x1549)
+        f_gpus = tuple(acc1547)
     o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
     return o, pos
 
 
-def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+def _d_GangScheduled1533(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
     f_gang_id: str
     f_members: tuple[Any, ...]
     f_gang: _c_GangSpec
@@ -5940,214 +6536,214 @@ def _d_GangScheduled1384(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     f_from_queue: bool
     f_message: str
     f_preempted: tuple[Any, ...]
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
+    n1535 = _ZL[buf[pos]]
+    if n1535 < 0:
+        n1535, pos = _rlong(buf, pos)
+        if n1535 < 0:
+            raise _length_error(n1535, end - pos)
     else:
         pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_gang_id = buf[pos:q1387].decode()
-    pos = q1387
+    q1536 = pos + n1535
+    if q1536 > end:
+        raise _length_error(n1535, end - pos)
+    f_gang_id = buf[pos:q1536].decode()
+    pos = q1536
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1388: list[Any] = []
+        acc1537: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1389 = _ZD[b]
+                c1538 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1538 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1389 = (z >> 1) ^ -(z & 1)
+                c1538 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1389, pos = _rlong(buf, pos)
-            if c1389 == 0:
+                c1538, pos = _rlong(buf, pos)
+            if c1538 == 0:
                 break
-            if c1389 < 0:
-                c1389 = -c1389
+            if c1538 < 0:
+                c1538 = -c1538
                 b = buf[pos]
                 if b < 128:
-                    z1392 = _ZD[b]
+                    z1541 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1541 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1392 = (z >> 1) ^ -(z & 1)
+                    z1541 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1392, pos = _rlong(buf, pos)
-            if c1389 * 3 > end - pos:
-                raise _count_error(c1389, end - pos)
-            for _ in range(c1389):
-                x1390, pos = _d_MemberPlacement1392(buf, pos, end)
-                acc1388.append(x1390)
-        f_members = tuple(acc1388)
-    f_gang, pos = _d_GangSpec1344(buf, pos, end)
+                    z1541, pos = _rlong(buf, pos)
+            if c1538 * 3 > end - pos:
+                raise _count_error(c1538, end - pos)
+            for _ in range(c1538):
+                x1539, pos = _d_MemberPlacement1541(buf, pos, end)
+                acc1537.append(x1539)
+        f_members = tuple(acc1537)
+    f_gang, pos = _d_GangSpec1486(buf, pos, end)
     b = buf[pos]
     if b < 128:
-        i1403 = _ZD[b]
+        i1552 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1403 = (z >> 1) ^ -(z & 1)
+        i1552 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1403 = (z >> 1) ^ -(z & 1)
+        i1552 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1403, pos = _rlong(buf, pos)
-    if i1403 == 0:
+        i1552, pos = _rlong(buf, pos)
+    if i1552 == 0:
         f_topology_key = None
-    elif i1403 == 1:
-        n1404 = _ZL[buf[pos]]
-        if n1404 < 0:
-            n1404, pos = _rlong(buf, pos)
-            if n1404 < 0:
-                raise _length_error(n1404, end - pos)
+    elif i1552 == 1:
+        n1553 = _ZL[buf[pos]]
+        if n1553 < 0:
+            n1553, pos = _rlong(buf, pos)
+            if n1553 < 0:
+                raise _length_error(n1553, end - pos)
         else:
             pos += 1
-        q1405 = pos + n1404
-        if q1405 > end:
-            raise _length_error(n1404, end - pos)
-        f_topology_key = buf[pos:q1405].decode()
-        pos = q1405
+        q1554 = pos + n1553
+        if q1554 > end:
+            raise _length_error(n1553, end - pos)
+        f_topology_key = buf[pos:q1554].decode()
+        pos = q1554
     else:
-        raise _union_error(i1403, 2)
+        raise _union_error(i1552, 2)
     b = buf[pos]
     if b < 128:
-        i1406 = _ZD[b]
+        i1555 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1406 = (z >> 1) ^ -(z & 1)
+        i1555 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1406 = (z >> 1) ^ -(z & 1)
+        i1555 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1406, pos = _rlong(buf, pos)
-    if i1406 == 0:
+        i1555, pos = _rlong(buf, pos)
+    if i1555 == 0:
         f_domain = None
-    elif i1406 == 1:
-        n1407 = _ZL[buf[pos]]
-        if n1407 < 0:
-            n1407, pos = _rlong(buf, pos)
-            if n1407 < 0:
-                raise _length_error(n1407, end - pos)
+    elif i1555 == 1:
+        n1556 = _ZL[buf[pos]]
+        if n1556 < 0:
+            n1556, pos = _rlong(buf, pos)
+            if n1556 < 0:
+                raise _length_error(n1556, end - pos)
         else:
             pos += 1
-        q1408 = pos + n1407
-        if q1408 > end:
-            raise _length_error(n1407, end - pos)
-        f_domain = buf[pos:q1408].decode()
-        pos = q1408
+        q1557 = pos + n1556
+        if q1557 > end:
+            raise _length_error(n1556, end - pos)
+        f_domain = buf[pos:q1557].decode()
+        pos = q1557
     else:
-        raise _union_error(i1406, 2)
+        raise _union_error(i1555, 2)
     f_from_queue = buf[pos] != 0
     pos += 1
-    n1409 = _ZL[buf[pos]]
-    if n1409 < 0:
-        n1409, pos = _rlong(buf, pos)
-        if n1409 < 0:
-            raise _length_error(n1409, end - pos)
+    n1558 = _ZL[buf[pos]]
+    if n1558 < 0:
+        n1558, pos = _rlong(buf, pos)
+        if n1558 < 0:
+            raise _length_error(n1558, end - pos)
     else:
         pos += 1
-    q1410 = pos + n1409
-    if q1410 > end:
-        raise _length_error(n1409, end - pos)
-    f_message = buf[pos:q1410].decode()
-    pos = q1410
+    q1559 = pos + n1558
+    if q1559 > end:
+        raise _length_error(n1558, end - pos)
+    f_message = buf[pos:q1559].decode()
+    pos = q1559
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1411: list[Any] = []
+        acc1560: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1412 = _ZD[b]
+                c1561 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1412 = (z >> 1) ^ -(z & 1)
+                c1561 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1412 = (z >> 1) ^ -(z & 1)
+                c1561 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1412, pos = _rlong(buf, pos)
-            if c1412 == 0:
+                c1561, pos = _rlong(buf, pos)
+            if c1561 == 0:
                 break
-            if c1412 < 0:
-                c1412 = -c1412
+            if c1561 < 0:
+                c1561 = -c1561
                 b = buf[pos]
                 if b < 128:
-                    z1415 = _ZD[b]
+                    z1564 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1415 = (z >> 1) ^ -(z & 1)
+                    z1564 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1415 = (z >> 1) ^ -(z & 1)
+                    z1564 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1415, pos = _rlong(buf, pos)
-            if c1412 * 1 > end - pos:
-                raise _count_error(c1412, end - pos)
-            for _ in range(c1412):
-                n1416 = _ZL[buf[pos]]
-                if n1416 < 0:
-                    n1416, pos = _rlong(buf, pos)
-                    if n1416 < 0:
-                        raise _length_error(n1416, end - pos)
+                    z1564, pos = _rlong(buf, pos)
+            if c1561 * 1 > end - pos:
+                raise _count_error(c1561, end - pos)
+            for _ in range(c1561):
+                n1565 = _ZL[buf[pos]]
+                if n1565 < 0:
+                    n1565, pos = _rlong(buf, pos)
+                    if n1565 < 0:
+                        raise _length_error(n1565, end - pos)
                 else:
                     pos += 1
-                q1417 = pos + n1416
-                if q1417 > end:
-                    raise _length_error(n1416, end - pos)
-                x1413 = buf[pos:q1417].decode()
-                pos = q1417
-                acc1411.append(x1413)
-        f_preempted = tuple(acc1411)
+                q1566 = pos + n1565
+                if q1566 > end:
+                    raise _length_error(n1565, end - pos)
+                x1562 = buf[pos:q1566].decode()
+                pos = q1566
+                acc1560.append(x1562)
+        f_preempted = tuple(acc1560)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1417(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1566(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1419 = _ZL[buf[pos]]
-    if n1419 < 0:
-        n1419, pos = _rlong(buf, pos)
-        if n1419 < 0:
-            raise _length_error(n1419, end - pos)
+    n1568 = _ZL[buf[pos]]
+    if n1568 < 0:
+        n1568, pos = _rlong(buf, pos)
+        if n1568 < 0:
+            raise _length_error(n1568, end - pos)
     else:
         pos += 1
-    q1420 = pos + n1419
-    if q1420 > end:
-        raise _length_error(n1419, end - pos)
-    f_gang_id = buf[pos:q1420].decode()
-    pos = q1420
+    q1569 = pos + n1568
+    if q1569 > end:
+        raise _length_error(n1568, end - pos)
+    f_gang_id = buf[pos:q1569].decode()
+    pos = q1569
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -6162,141 +6758,141 @@ def _d_GangTimedOut1417(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1421 = _ZL[buf[pos]]
-    if n1421 < 0:
-        n1421, pos = _rlong(buf, pos)
-        if n1421 < 0:
-            raise _length_error(n1421, end - pos)
+    n1570 = _ZL[buf[pos]]
+    if n1570 < 0:
+        n1570, pos = _rlong(buf, pos)
+        if n1570 < 0:
+            raise _length_error(n1570, end - pos)
     else:
         pos += 1
-    q1422 = pos + n1421
-    if q1422 > end:
-        raise _length_error(n1421, end - pos)
-    f_message = buf[pos:q1422].decode()
-    pos = q1422
+    q1571 = pos + n1570
+    if q1571 > end:
+        raise _length_error(n1570, end - pos)
+    f_message = buf[pos:q1571].decode()
+    pos = q1571
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1422(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1571(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1424 = _ZL[buf[pos]]
-    if n1424 < 0:
-        n1424, pos = _rlong(buf, pos)
-        if n1424 < 0:
-            raise _length_error(n1424, end - pos)
+    n1573 = _ZL[buf[pos]]
+    if n1573 < 0:
+        n1573, pos = _rlong(buf, pos)
+        if n1573 < 0:
+            raise _length_error(n1573, end - pos)
     else:
         pos += 1
-    q1425 = pos + n1424
-    if q1425 > end:
-        raise _length_error(n1424, end - pos)
-    f_gang_id = buf[pos:q1425].decode()
-    pos = q1425
-    n1426 = _ZL[buf[pos]]
-    if n1426 < 0:
-        n1426, pos = _rlong(buf, pos)
-        if n1426 < 0:
-            raise _length_error(n1426, end - pos)
+    q1574 = pos + n1573
+    if q1574 > end:
+        raise _length_error(n1573, end - pos)
+    f_gang_id = buf[pos:q1574].decode()
+    pos = q1574
+    n1575 = _ZL[buf[pos]]
+    if n1575 < 0:
+        n1575, pos = _rlong(buf, pos)
+        if n1575 < 0:
+            raise _length_error(n1575, end - pos)
     else:
         pos += 1
-    q1427 = pos + n1426
-    if q1427 > end:
-        raise _length_error(n1426, end - pos)
-    f_reason = buf[pos:q1427].decode()
-    pos = q1427
+    q1576 = pos + n1575
+    if q1576 > end:
+        raise _length_error(n1575, end - pos)
+    f_reason = buf[pos:q1576].decode()
+    pos = q1576
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1428: list[Any] = []
+        acc1577: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1429 = _ZD[b]
+                c1578 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1429 = (z >> 1) ^ -(z & 1)
+                c1578 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1429 = (z >> 1) ^ -(z & 1)
+                c1578 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1429, pos = _rlong(buf, pos)
-            if c1429 == 0:
+                c1578, pos = _rlong(buf, pos)
+            if c1578 == 0:
                 break
-            if c1429 < 0:
-                c1429 = -c1429
+            if c1578 < 0:
+                c1578 = -c1578
                 b = buf[pos]
                 if b < 128:
-                    z1432 = _ZD[b]
+                    z1581 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1432 = (z >> 1) ^ -(z & 1)
+                    z1581 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1432 = (z >> 1) ^ -(z & 1)
+                    z1581 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1432, pos = _rlong(buf, pos)
-            if c1429 * 1 > end - pos:
-                raise _count_error(c1429, end - pos)
-            for _ in range(c1429):
-                n1433 = _ZL[buf[pos]]
-                if n1433 < 0:
-                    n1433, pos = _rlong(buf, pos)
-                    if n1433 < 0:
-                        raise _length_error(n1433, end - pos)
+                    z1581, pos = _rlong(buf, pos)
+            if c1578 * 1 > end - pos:
+                raise _count_error(c1578, end - pos)
+            for _ in range(c1578):
+                n1582 = _ZL[buf[pos]]
+                if n1582 < 0:
+                    n1582, pos = _rlong(buf, pos)
+                    if n1582 < 0:
+                        raise _length_error(n1582, end - pos)
                 else:
                     pos += 1
-                q1434 = pos + n1433
-                if q1434 > end:
-                    raise _length_error(n1433, end - pos)
-                x1430 = buf[pos:q1434].decode()
-                pos = q1434
-                acc1428.append(x1430)
-        f_members_ended = tuple(acc1428)
+                q1583 = pos + n1582
+                if q1583 > end:
+                    raise _length_error(n1582, end - pos)
+                x1579 = buf[pos:q1583].decode()
+                pos = q1583
+                acc1577.append(x1579)
+        f_members_ended = tuple(acc1577)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1434(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1583(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1436 = _ZL[buf[pos]]
-    if n1436 < 0:
-        n1436, pos = _rlong(buf, pos)
-        if n1436 < 0:
-            raise _length_error(n1436, end - pos)
+    n1585 = _ZL[buf[pos]]
+    if n1585 < 0:
+        n1585, pos = _rlong(buf, pos)
+        if n1585 < 0:
+            raise _length_error(n1585, end - pos)
     else:
         pos += 1
-    q1437 = pos + n1436
-    if q1437 > end:
-        raise _length_error(n1436, end - pos)
-    f_pod_id = buf[pos:q1437].decode()
-    pos = q1437
-    n1438 = _ZL[buf[pos]]
-    if n1438 < 0:
-        n1438, pos = _rlong(buf, pos)
-        if n1438 < 0:
-            raise _length_error(n1438, end - pos)
+    q1586 = pos + n1585
+    if q1586 > end:
+        raise _length_error(n1585, end - pos)
+    f_pod_id = buf[pos:q1586].decode()
+    pos = q1586
+    n1587 = _ZL[buf[pos]]
+    if n1587 < 0:
+        n1587, pos = _rlong(buf, pos)
+        if n1587 < 0:
+            raise _length_error(n1587, end - pos)
     else:
         pos += 1
-    q1439 = pos + n1438
-    if q1439 > end:
-        raise _length_error(n1438, end - pos)
-    f_node_id = buf[pos:q1439].decode()
-    pos = q1439
+    q1588 = pos + n1587
+    if q1588 > end:
+        raise _length_error(n1587, end - pos)
+    f_node_id = buf[pos:q1588].decode()
+    pos = q1588
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6313,141 +6909,141 @@ def _d_PodTimeLimitReached1434(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1440 = _ZD[b]
+        i1589 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1440 = (z >> 1) ^ -(z & 1)
+        i1589 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1440 = (z >> 1) ^ -(z & 1)
+        i1589 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1440, pos = _rlong(buf, pos)
-    if i1440 == 0:
+        i1589, pos = _rlong(buf, pos)
+    if i1589 == 0:
         f_gang_id = None
-    elif i1440 == 1:
-        n1441 = _ZL[buf[pos]]
-        if n1441 < 0:
-            n1441, pos = _rlong(buf, pos)
-            if n1441 < 0:
-                raise _length_error(n1441, end - pos)
+    elif i1589 == 1:
+        n1590 = _ZL[buf[pos]]
+        if n1590 < 0:
+            n1590, pos = _rlong(buf, pos)
+            if n1590 < 0:
+                raise _length_error(n1590, end - pos)
         else:
             pos += 1
-        q1442 = pos + n1441
-        if q1442 > end:
-            raise _length_error(n1441, end - pos)
-        f_gang_id = buf[pos:q1442].decode()
-        pos = q1442
+        q1591 = pos + n1590
+        if q1591 > end:
+            raise _length_error(n1590, end - pos)
+        f_gang_id = buf[pos:q1591].decode()
+        pos = q1591
     else:
-        raise _union_error(i1440, 2)
+        raise _union_error(i1589, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1591(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1444 = _ZL[buf[pos]]
-    if n1444 < 0:
-        n1444, pos = _rlong(buf, pos)
-        if n1444 < 0:
-            raise _length_error(n1444, end - pos)
+    n1593 = _ZL[buf[pos]]
+    if n1593 < 0:
+        n1593, pos = _rlong(buf, pos)
+        if n1593 < 0:
+            raise _length_error(n1593, end - pos)
     else:
         pos += 1
-    q1445 = pos + n1444
-    if q1445 > end:
-        raise _length_error(n1444, end - pos)
-    f_holder_id = buf[pos:q1445].decode()
-    pos = q1445
-    n1446 = _ZL[buf[pos]]
-    if n1446 < 0:
-        n1446, pos = _rlong(buf, pos)
-        if n1446 < 0:
-            raise _length_error(n1446, end - pos)
+    q1594 = pos + n1593
+    if q1594 > end:
+        raise _length_error(n1593, end - pos)
+    f_holder_id = buf[pos:q1594].decode()
+    pos = q1594
+    n1595 = _ZL[buf[pos]]
+    if n1595 < 0:
+        n1595, pos = _rlong(buf, pos)
+        if n1595 < 0:
+            raise _length_error(n1595, end - pos)
     else:
         pos += 1
-    q1447 = pos + n1446
-    if q1447 > end:
-        raise _length_error(n1446, end - pos)
-    f_holder_kind = buf[pos:q1447].decode()
-    pos = q1447
+    q1596 = pos + n1595
+    if q1596 > end:
+        raise _length_error(n1595, end - pos)
+    f_holder_kind = buf[pos:q1596].decode()
+    pos = q1596
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1448: list[Any] = []
+        acc1597: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1449 = _ZD[b]
+                c1598 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1449 = (z >> 1) ^ -(z & 1)
+                c1598 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1449 = (z >> 1) ^ -(z & 1)
+                c1598 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1449, pos = _rlong(buf, pos)
-            if c1449 == 0:
+                c1598, pos = _rlong(buf, pos)
+            if c1598 == 0:
                 break
-            if c1449 < 0:
-                c1449 = -c1449
+            if c1598 < 0:
+                c1598 = -c1598
                 b = buf[pos]
                 if b < 128:
-                    z1452 = _ZD[b]
+                    z1601 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1452 = (z >> 1) ^ -(z & 1)
+                    z1601 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1452 = (z >> 1) ^ -(z & 1)
+                    z1601 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1452, pos = _rlong(buf, pos)
-            if c1449 * 1 > end - pos:
-                raise _count_error(c1449, end - pos)
-            for _ in range(c1449):
-                n1453 = _ZL[buf[pos]]
-                if n1453 < 0:
-                    n1453, pos = _rlong(buf, pos)
-                    if n1453 < 0:
-                        raise _length_error(n1453, end - pos)
+                    z1601, pos = _rlong(buf, pos)
+            if c1598 * 1 > end - pos:
+                raise _count_error(c1598, end - pos)
+            for _ in range(c1598):
+                n1602 = _ZL[buf[pos]]
+                if n1602 < 0:
+                    n1602, pos = _rlong(buf, pos)
+                    if n1602 < 0:
+                        raise _length_error(n1602, end - pos)
                 else:
                     pos += 1
-                q1454 = pos + n1453
-                if q1454 > end:
-                    raise _length_error(n1453, end - pos)
-                x1450 = buf[pos:q1454].decode()
-                pos = q1454
-                acc1448.append(x1450)
-        f_nodes = tuple(acc1448)
+                q1603 = pos + n1602
+                if q1603 > end:
+                    raise _length_error(n1602, end - pos)
+                x1599 = buf[pos:q1603].decode()
+                pos = q1603
+                acc1597.append(x1599)
+        f_nodes = tuple(acc1597)
     b = buf[pos]
     if b < 128:
-        i1455 = _ZD[b]
+        i1604 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1455 = (z >> 1) ^ -(z & 1)
+        i1604 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1455 = (z >> 1) ^ -(z & 1)
+        i1604 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1455, pos = _rlong(buf, pos)
-    if i1455 == 0:
+        i1604, pos = _rlong(buf, pos)
+    if i1604 == 0:
         f_expected_start = None
-    elif i1455 == 1:
+    elif i1604 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6463,194 +7059,194 @@ def _d_NodesReserved1442(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1455, 2)
-    n1456 = _ZL[buf[pos]]
-    if n1456 < 0:
-        n1456, pos = _rlong(buf, pos)
-        if n1456 < 0:
-            raise _length_error(n1456, end - pos)
+        raise _union_error(i1604, 2)
+    n1605 = _ZL[buf[pos]]
+    if n1605 < 0:
+        n1605, pos = _rlong(buf, pos)
+        if n1605 < 0:
+            raise _length_error(n1605, end - pos)
     else:
         pos += 1
-    q1457 = pos + n1456
-    if q1457 > end:
-        raise _length_error(n1456, end - pos)
-    f_message = buf[pos:q1457].decode()
-    pos = q1457
+    q1606 = pos + n1605
+    if q1606 > end:
+        raise _length_error(n1605, end - pos)
+    f_message = buf[pos:q1606].decode()
+    pos = q1606
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1457(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1606(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1459 = _ZL[buf[pos]]
-    if n1459 < 0:
-        n1459, pos = _rlong(buf, pos)
-        if n1459 < 0:
-            raise _length_error(n1459, end - pos)
+    n1608 = _ZL[buf[pos]]
+    if n1608 < 0:
+        n1608, pos = _rlong(buf, pos)
+        if n1608 < 0:
+            raise _length_error(n1608, end - pos)
     else:
         pos += 1
-    q1460 = pos + n1459
-    if q1460 > end:
-        raise _length_error(n1459, end - pos)
-    f_holder_id = buf[pos:q1460].decode()
-    pos = q1460
-    n1461 = _ZL[buf[pos]]
-    if n1461 < 0:
-        n1461, pos = _rlong(buf, pos)
-        if n1461 < 0:
-            raise _length_error(n1461, end - pos)
+    q1609 = pos + n1608
+    if q1609 > end:
+        raise _length_error(n1608, end - pos)
+    f_holder_id = buf[pos:q1609].decode()
+    pos = q1609
+    n1610 = _ZL[buf[pos]]
+    if n1610 < 0:
+        n1610, pos = _rlong(buf, pos)
+        if n1610 < 0:
+            raise _length_error(n1610, end - pos)
     else:
         pos += 1
-    q1462 = pos + n1461
-    if q1462 > end:
-        raise _length_error(n1461, end - pos)
-    f_holder_kind = buf[pos:q1462].decode()
-    pos = q1462
+    q1611 = pos + n1610
+    if q1611 > end:
+        raise _length_error(n1610, end - pos)
+    f_holder_kind = buf[pos:q1611].decode()
+    pos = q1611
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1463: list[Any] = []
+        acc1612: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1464 = _ZD[b]
+                c1613 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1464 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1464 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1464, pos = _rlong(buf, pos)
-            if c1464 == 0:
+                c1613, pos = _rlong(buf, pos)
+            if c1613 == 0:
                 break
-            if c1464 < 0:
-                c1464 = -c1464
+            if c1613 < 0:
+                c1613 = -c1613
                 b = buf[pos]
                 if b < 128:
-                    z1467 = _ZD[b]
+                    z1616 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1467 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1467 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1467, pos = _rlong(buf, pos)
-            if c1464 * 1 > end - pos:
-                raise _count_error(c1464, end - pos)
-            for _ in range(c1464):
-                n1468 = _ZL[buf[pos]]
-                if n1468 < 0:
-                    n1468, pos = _rlong(buf, pos)
-                    if n1468 < 0:
-                        raise _length_error(n1468, end - pos)
+                    z1616, pos = _rlong(buf, pos)
+            if c1613 * 1 > end - pos:
+                raise _count_error(c1613, end - pos)
+            for _ in range(c1613):
+                n1617 = _ZL[buf[pos]]
+                if n1617 < 0:
+                    n1617, pos = _rlong(buf, pos)
+                    if n1617 < 0:
+                        raise _length_error(n1617, end - pos)
                 else:
                     pos += 1
-                q1469 = pos + n1468
-                if q1469 > end:
-                    raise _length_error(n1468, end - pos)
-                x1465 = buf[pos:q1469].decode()
-                pos = q1469
-                acc1463.append(x1465)
-        f_nodes = tuple(acc1463)
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
+                q1618 = pos + n1617
+                if q1618 > end:
+                    raise _length_error(n1617, end - pos)
+                x1614 = buf[pos:q1618].decode()
+                pos = q1618
+                acc1612.append(x1614)
+        f_nodes = tuple(acc1612)
+    n1619 = _ZL[buf[pos]]
+    if n1619 < 0:
+        n1619, pos = _rlong(buf, pos)
+        if n1619 < 0:
+            raise _length_error(n1619, end - pos)
     else:
         pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_reason = buf[pos:q1471].decode()
-    pos = q1471
-    n1472 = _ZL[buf[pos]]
-    if n1472 < 0:
-        n1472, pos = _rlong(buf, pos)
-        if n1472 < 0:
-            raise _length_error(n1472, end - pos)
+    q1620 = pos + n1619
+    if q1620 > end:
+        raise _length_error(n1619, end - pos)
+    f_reason = buf[pos:q1620].decode()
+    pos = q1620
+    n1621 = _ZL[buf[pos]]
+    if n1621 < 0:
+        n1621, pos = _rlong(buf, pos)
+        if n1621 < 0:
+            raise _length_error(n1621, end - pos)
     else:
         pos += 1
-    q1473 = pos + n1472
-    if q1473 > end:
-        raise _length_error(n1472, end - pos)
-    f_message = buf[pos:q1473].decode()
-    pos = q1473
+    q1622 = pos + n1621
+    if q1622 > end:
+        raise _length_error(n1621, end - pos)
+    f_message = buf[pos:q1622].decode()
+    pos = q1622
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1473(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1622(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1475 = _ZL[buf[pos]]
-    if n1475 < 0:
-        n1475, pos = _rlong(buf, pos)
-        if n1475 < 0:
-            raise _length_error(n1475, end - pos)
+    n1624 = _ZL[buf[pos]]
+    if n1624 < 0:
+        n1624, pos = _rlong(buf, pos)
+        if n1624 < 0:
+            raise _length_error(n1624, end - pos)
     else:
         pos += 1
-    q1476 = pos + n1475
-    if q1476 > end:
-        raise _length_error(n1475, end - pos)
-    f_holder_id = buf[pos:q1476].decode()
-    pos = q1476
-    n1477 = _ZL[buf[pos]]
-    if n1477 < 0:
-        n1477, pos = _rlong(buf, pos)
-        if n1477 < 0:
-            raise _length_error(n1477, end - pos)
+    q1625 = pos + n1624
+    if q1625 > end:
+        raise _length_error(n1624, end - pos)
+    f_holder_id = buf[pos:q1625].decode()
+    pos = q1625
+    n1626 = _ZL[buf[pos]]
+    if n1626 < 0:
+        n1626, pos = _rlong(buf, pos)
+        if n1626 < 0:
+            raise _length_error(n1626, end - pos)
     else:
         pos += 1
-    q1478 = pos + n1477
-    if q1478 > end:
-        raise _length_error(n1477, end - pos)
-    f_holder_kind = buf[pos:q1478].decode()
-    pos = q1478
-    n1479 = _ZL[buf[pos]]
-    if n1479 < 0:
-        n1479, pos = _rlong(buf, pos)
-        if n1479 < 0:
-            raise _length_error(n1479, end - pos)
+    q1627 = pos + n1626
+    if q1627 > end:
+        raise _length_error(n1626, end - pos)
+    f_holder_kind = buf[pos:q1627].decode()
+    pos = q1627
+    n1628 = _ZL[buf[pos]]
+    if n1628 < 0:
+        n1628, pos = _rlong(buf, pos)
+        if n1628 < 0:
+            raise _length_error(n1628, end - pos)
     else:
         pos += 1
-    q1480 = pos + n1479
-    if q1480 > end:
-        raise _length_error(n1479, end - pos)
-    f_dependency_id = buf[pos:q1480].decode()
-    pos = q1480
-    n1481 = _ZL[buf[pos]]
-    if n1481 < 0:
-        n1481, pos = _rlong(buf, pos)
-        if n1481 < 0:
-            raise _length_error(n1481, end - pos)
+    q1629 = pos + n1628
+    if q1629 > end:
+        raise _length_error(n1628, end - pos)
+    f_dependency_id = buf[pos:q1629].decode()
+    pos = q1629
+    n1630 = _ZL[buf[pos]]
+    if n1630 < 0:
+        n1630, pos = _rlong(buf, pos)
+        if n1630 < 0:
+            raise _length_error(n1630, end - pos)
     else:
         pos += 1
-    q1482 = pos + n1481
-    if q1482 > end:
-        raise _length_error(n1481, end - pos)
-    f_message = buf[pos:q1482].decode()
-    pos = q1482
+    q1631 = pos + n1630
+    if q1631 > end:
+        raise _length_error(n1630, end - pos)
+    f_message = buf[pos:q1631].decode()
+    pos = q1631
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1631(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -6673,169 +7269,169 @@ def _d_Ticked1482(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1483(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1632(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1485 = _ZL[buf[pos]]
-    if n1485 < 0:
-        n1485, pos = _rlong(buf, pos)
-        if n1485 < 0:
-            raise _length_error(n1485, end - pos)
+    n1634 = _ZL[buf[pos]]
+    if n1634 < 0:
+        n1634, pos = _rlong(buf, pos)
+        if n1634 < 0:
+            raise _length_error(n1634, end - pos)
     else:
         pos += 1
-    q1486 = pos + n1485
-    if q1486 > end:
-        raise _length_error(n1485, end - pos)
-    f_pod_id = buf[pos:q1486].decode()
-    pos = q1486
-    n1487 = _ZL[buf[pos]]
-    if n1487 < 0:
-        n1487, pos = _rlong(buf, pos)
-        if n1487 < 0:
-            raise _length_error(n1487, end - pos)
+    q1635 = pos + n1634
+    if q1635 > end:
+        raise _length_error(n1634, end - pos)
+    f_pod_id = buf[pos:q1635].decode()
+    pos = q1635
+    n1636 = _ZL[buf[pos]]
+    if n1636 < 0:
+        n1636, pos = _rlong(buf, pos)
+        if n1636 < 0:
+            raise _length_error(n1636, end - pos)
     else:
         pos += 1
-    q1488 = pos + n1487
-    if q1488 > end:
-        raise _length_error(n1487, end - pos)
-    f_node_id = buf[pos:q1488].decode()
-    pos = q1488
-    n1489 = _ZL[buf[pos]]
-    if n1489 < 0:
-        n1489, pos = _rlong(buf, pos)
-        if n1489 < 0:
-            raise _length_error(n1489, end - pos)
+    q1637 = pos + n1636
+    if q1637 > end:
+        raise _length_error(n1636, end - pos)
+    f_node_id = buf[pos:q1637].decode()
+    pos = q1637
+    n1638 = _ZL[buf[pos]]
+    if n1638 < 0:
+        n1638, pos = _rlong(buf, pos)
+        if n1638 < 0:
+            raise _length_error(n1638, end - pos)
     else:
         pos += 1
-    q1490 = pos + n1489
-    if q1490 > end:
-        raise _length_error(n1489, end - pos)
-    f_by = buf[pos:q1490].decode()
-    pos = q1490
-    n1491 = _ZL[buf[pos]]
-    if n1491 < 0:
-        n1491, pos = _rlong(buf, pos)
-        if n1491 < 0:
-            raise _length_error(n1491, end - pos)
+    q1639 = pos + n1638
+    if q1639 > end:
+        raise _length_error(n1638, end - pos)
+    f_by = buf[pos:q1639].decode()
+    pos = q1639
+    n1640 = _ZL[buf[pos]]
+    if n1640 < 0:
+        n1640, pos = _rlong(buf, pos)
+        if n1640 < 0:
+            raise _length_error(n1640, end - pos)
     else:
         pos += 1
-    q1492 = pos + n1491
-    if q1492 > end:
-        raise _length_error(n1491, end - pos)
-    f_reason = buf[pos:q1492].decode()
-    pos = q1492
-    n1493 = _ZL[buf[pos]]
-    if n1493 < 0:
-        n1493, pos = _rlong(buf, pos)
-        if n1493 < 0:
-            raise _length_error(n1493, end - pos)
+    q1641 = pos + n1640
+    if q1641 > end:
+        raise _length_error(n1640, end - pos)
+    f_reason = buf[pos:q1641].decode()
+    pos = q1641
+    n1642 = _ZL[buf[pos]]
+    if n1642 < 0:
+        n1642, pos = _rlong(buf, pos)
+        if n1642 < 0:
+            raise _length_error(n1642, end - pos)
     else:
         pos += 1
-    q1494 = pos + n1493
-    if q1494 > end:
-        raise _length_error(n1493, end - pos)
-    f_message = buf[pos:q1494].decode()
-    pos = q1494
+    q1643 = pos + n1642
+    if q1643 > end:
+        raise _length_error(n1642, end - pos)
+    f_message = buf[pos:q1643].decode()
+    pos = q1643
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1494(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1643(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1496 = _ZD[b]
+        i1645 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1496 = (z >> 1) ^ -(z & 1)
+        i1645 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1496 = (z >> 1) ^ -(z & 1)
+        i1645 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1496, pos = _rlong(buf, pos)
-    if i1496 == 0:
+        i1645, pos = _rlong(buf, pos)
+    if i1645 == 0:
         f_tenant = None
-    elif i1496 == 1:
-        n1497 = _ZL[buf[pos]]
-        if n1497 < 0:
-            n1497, pos = _rlong(buf, pos)
-            if n1497 < 0:
-                raise _length_error(n1497, end - pos)
+    elif i1645 == 1:
+        n1646 = _ZL[buf[pos]]
+        if n1646 < 0:
+            n1646, pos = _rlong(buf, pos)
+            if n1646 < 0:
+                raise _length_error(n1646, end - pos)
         else:
             pos += 1
-        q1498 = pos + n1497
-        if q1498 > end:
-            raise _length_error(n1497, end - pos)
-        f_tenant = buf[pos:q1498].decode()
-        pos = q1498
+        q1647 = pos + n1646
+        if q1647 > end:
+            raise _length_error(n1646, end - pos)
+        f_tenant = buf[pos:q1647].decode()
+        pos = q1647
     else:
-        raise _union_error(i1496, 2)
+        raise _union_error(i1645, 2)
     b = buf[pos]
     if b < 128:
-        i1499 = _ZD[b]
+        i1648 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1499 = (z >> 1) ^ -(z & 1)
+        i1648 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1499 = (z >> 1) ^ -(z & 1)
+        i1648 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1499, pos = _rlong(buf, pos)
-    if i1499 == 0:
+        i1648, pos = _rlong(buf, pos)
+    if i1648 == 0:
         f_quota = None
-    elif i1499 == 1:
-        f_quota, pos = _d_Quota452(buf, pos, end)
+    elif i1648 == 1:
+        f_quota, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i1499, 2)
+        raise _union_error(i1648, 2)
     b = buf[pos]
     if b < 128:
-        i1500 = _ZD[b]
+        i1649 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1649 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1500 = (z >> 1) ^ -(z & 1)
+        i1649 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1500, pos = _rlong(buf, pos)
-    if i1500 == 0:
+        i1649, pos = _rlong(buf, pos)
+    if i1649 == 0:
         f_previous = None
-    elif i1500 == 1:
-        f_previous, pos = _d_Quota452(buf, pos, end)
+    elif i1649 == 1:
+        f_previous, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i1500, 2)
-    n1501 = _ZL[buf[pos]]
-    if n1501 < 0:
-        n1501, pos = _rlong(buf, pos)
-        if n1501 < 0:
-            raise _length_error(n1501, end - pos)
+        raise _union_error(i1649, 2)
+    n1650 = _ZL[buf[pos]]
+    if n1650 < 0:
+        n1650, pos = _rlong(buf, pos)
+        if n1650 < 0:
+            raise _length_error(n1650, end - pos)
     else:
         pos += 1
-    q1502 = pos + n1501
-    if q1502 > end:
-        raise _length_error(n1501, end - pos)
-    f_message = buf[pos:q1502].decode()
-    pos = q1502
+    q1651 = pos + n1650
+    if q1651 > end:
+        raise _length_error(n1650, end - pos)
+    f_message = buf[pos:q1651].decode()
+    pos = q1651
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1651(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -6843,159 +7439,159 @@ def _d_PodMigrated1502(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1504 = _ZL[buf[pos]]
-    if n1504 < 0:
-        n1504, pos = _rlong(buf, pos)
-        if n1504 < 0:
-            raise _length_error(n1504, end - pos)
+    n1653 = _ZL[buf[pos]]
+    if n1653 < 0:
+        n1653, pos = _rlong(buf, pos)
+        if n1653 < 0:
+            raise _length_error(n1653, end - pos)
     else:
         pos += 1
-    q1505 = pos + n1504
-    if q1505 > end:
-        raise _length_error(n1504, end - pos)
-    f_pod_id = buf[pos:q1505].decode()
-    pos = q1505
-    n1506 = _ZL[buf[pos]]
-    if n1506 < 0:
-        n1506, pos = _rlong(buf, pos)
-        if n1506 < 0:
-            raise _length_error(n1506, end - pos)
+    q1654 = pos + n1653
+    if q1654 > end:
+        raise _length_error(n1653, end - pos)
+    f_pod_id = buf[pos:q1654].decode()
+    pos = q1654
+    n1655 = _ZL[buf[pos]]
+    if n1655 < 0:
+        n1655, pos = _rlong(buf, pos)
+        if n1655 < 0:
+            raise _length_error(n1655, end - pos)
     else:
         pos += 1
-    q1507 = pos + n1506
-    if q1507 > end:
-        raise _length_error(n1506, end - pos)
-    f_from_node = buf[pos:q1507].decode()
-    pos = q1507
+    q1656 = pos + n1655
+    if q1656 > end:
+        raise _length_error(n1655, end - pos)
+    f_from_node = buf[pos:q1656].decode()
+    pos = q1656
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1508: list[Any] = []
+        acc1657: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1509 = _ZD[b]
+                c1658 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1509 = (z >> 1) ^ -(z & 1)
+                c1658 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1509 = (z >> 1) ^ -(z & 1)
+                c1658 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1509, pos = _rlong(buf, pos)
-            if c1509 == 0:
+                c1658, pos = _rlong(buf, pos)
+            if c1658 == 0:
                 break
-            if c1509 < 0:
-                c1509 = -c1509
+            if c1658 < 0:
+                c1658 = -c1658
                 b = buf[pos]
                 if b < 128:
-                    z1512 = _ZD[b]
+                    z1661 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1512 = (z >> 1) ^ -(z & 1)
+                    z1661 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1512 = (z >> 1) ^ -(z & 1)
+                    z1661 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1512, pos = _rlong(buf, pos)
-            if c1509 * 2 > end - pos:
-                raise _count_error(c1509, end - pos)
-            for _ in range(c1509):
-                x1510, pos = _d_GpuShare1286(buf, pos, end)
-                acc1508.append(x1510)
-        f_from_gpus = tuple(acc1508)
-    n1513 = _ZL[buf[pos]]
-    if n1513 < 0:
-        n1513, pos = _rlong(buf, pos)
-        if n1513 < 0:
-            raise _length_error(n1513, end - pos)
+                    z1661, pos = _rlong(buf, pos)
+            if c1658 * 2 > end - pos:
+                raise _count_error(c1658, end - pos)
+            for _ in range(c1658):
+                x1659, pos = _d_GpuShare1428(buf, pos, end)
+                acc1657.append(x1659)
+        f_from_gpus = tuple(acc1657)
+    n1662 = _ZL[buf[pos]]
+    if n1662 < 0:
+        n1662, pos = _rlong(buf, pos)
+        if n1662 < 0:
+            raise _length_error(n1662, end - pos)
     else:
         pos += 1
-    q1514 = pos + n1513
-    if q1514 > end:
-        raise _length_error(n1513, end - pos)
-    f_to_node = buf[pos:q1514].decode()
-    pos = q1514
+    q1663 = pos + n1662
+    if q1663 > end:
+        raise _length_error(n1662, end - pos)
+    f_to_node = buf[pos:q1663].decode()
+    pos = q1663
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1515: list[Any] = []
+        acc1664: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1516 = _ZD[b]
+                c1665 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1516 = (z >> 1) ^ -(z & 1)
+                c1665 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1516 = (z >> 1) ^ -(z & 1)
+                c1665 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1516, pos = _rlong(buf, pos)
-            if c1516 == 0:
+                c1665, pos = _rlong(buf, pos)
+            if c1665 == 0:
                 break
-            if c1516 < 0:
-                c1516 = -c1516
+            if c1665 < 0:
+                c1665 = -c1665
                 b = buf[pos]
                 if b < 128:
-                    z1519 = _ZD[b]
+                    z1668 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1519 = (z >> 1) ^ -(z & 1)
+                    z1668 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1519 = (z >> 1) ^ -(z & 1)
+                    z1668 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1519, pos = _rlong(buf, pos)
-            if c1516 * 2 > end - pos:
-                raise _count_error(c1516, end - pos)
-            for _ in range(c1516):
-                x1517, pos = _d_GpuShare1286(buf, pos, end)
-                acc1515.append(x1517)
-        f_to_gpus = tuple(acc1515)
-    n1520 = _ZL[buf[pos]]
-    if n1520 < 0:
-        n1520, pos = _rlong(buf, pos)
-        if n1520 < 0:
-            raise _length_error(n1520, end - pos)
+                    z1668, pos = _rlong(buf, pos)
+            if c1665 * 2 > end - pos:
+                raise _count_error(c1665, end - pos)
+            for _ in range(c1665):
+                x1666, pos = _d_GpuShare1428(buf, pos, end)
+                acc1664.append(x1666)
+        f_to_gpus = tuple(acc1664)
+    n1669 = _ZL[buf[pos]]
+    if n1669 < 0:
+        n1669, pos = _rlong(buf, pos)
+        if n1669 < 0:
+            raise _length_error(n1669, end - pos)
     else:
         pos += 1
-    q1521 = pos + n1520
-    if q1521 > end:
-        raise _length_error(n1520, end - pos)
-    f_reason = buf[pos:q1521].decode()
-    pos = q1521
-    n1522 = _ZL[buf[pos]]
-    if n1522 < 0:
-        n1522, pos = _rlong(buf, pos)
-        if n1522 < 0:
-            raise _length_error(n1522, end - pos)
+    q1670 = pos + n1669
+    if q1670 > end:
+        raise _length_error(n1669, end - pos)
+    f_reason = buf[pos:q1670].decode()
+    pos = q1670
+    n1671 = _ZL[buf[pos]]
+    if n1671 < 0:
+        n1671, pos = _rlong(buf, pos)
+        if n1671 < 0:
+            raise _length_error(n1671, end - pos)
     else:
         pos += 1
-    q1523 = pos + n1522
-    if q1523 > end:
-        raise _length_error(n1522, end - pos)
-    f_message = buf[pos:q1523].decode()
-    pos = q1523
+    q1672 = pos + n1671
+    if q1672 > end:
+        raise _length_error(n1671, end - pos)
+    f_message = buf[pos:q1672].decode()
+    pos = q1672
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1672(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -7045,138 +7641,138 @@ def _d_DefragmentationPlanned1523(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1525 = _ZD[b]
+        i1674 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1525 = (z >> 1) ^ -(z & 1)
+        i1674 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1525 = (z >> 1) ^ -(z & 1)
+        i1674 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1525, pos = _rlong(buf, pos)
-    if i1525 == 0:
+        i1674, pos = _rlong(buf, pos)
+    if i1674 == 0:
         f_target = None
-    elif i1525 == 1:
-        n1526 = _ZL[buf[pos]]
-        if n1526 < 0:
-            n1526, pos = _rlong(buf, pos)
-            if n1526 < 0:
-                raise _length_error(n1526, end - pos)
+    elif i1674 == 1:
+        n1675 = _ZL[buf[pos]]
+        if n1675 < 0:
+            n1675, pos = _rlong(buf, pos)
+            if n1675 < 0:
+                raise _length_error(n1675, end - pos)
         else:
             pos += 1
-        q1527 = pos + n1526
-        if q1527 > end:
-            raise _length_error(n1526, end - pos)
-        f_target = buf[pos:q1527].decode()
-        pos = q1527
+        q1676 = pos + n1675
+        if q1676 > end:
+            raise _length_error(n1675, end - pos)
+        f_target = buf[pos:q1676].decode()
+        pos = q1676
     else:
-        raise _union_error(i1525, 2)
-    n1528 = _ZL[buf[pos]]
-    if n1528 < 0:
-        n1528, pos = _rlong(buf, pos)
-        if n1528 < 0:
-            raise _length_error(n1528, end - pos)
+        raise _union_error(i1674, 2)
+    n1677 = _ZL[buf[pos]]
+    if n1677 < 0:
+        n1677, pos = _rlong(buf, pos)
+        if n1677 < 0:
+            raise _length_error(n1677, end - pos)
     else:
         pos += 1
-    q1529 = pos + n1528
-    if q1529 > end:
-        raise _length_error(n1528, end - pos)
-    f_message = buf[pos:q1529].decode()
-    pos = q1529
+    q1678 = pos + n1677
+    if q1678 > end:
+        raise _length_error(n1677, end - pos)
+    f_message = buf[pos:q1678].decode()
+    pos = q1678
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1529(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1678(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1531 = _ZL[buf[pos]]
-    if n1531 < 0:
-        n1531, pos = _rlong(buf, pos)
-        if n1531 < 0:
-            raise _length_error(n1531, end - pos)
+    n1680 = _ZL[buf[pos]]
+    if n1680 < 0:
+        n1680, pos = _rlong(buf, pos)
+        if n1680 < 0:
+            raise _length_error(n1680, end - pos)
     else:
         pos += 1
-    q1532 = pos + n1531
-    if q1532 > end:
-        raise _length_error(n1531, end - pos)
-    f_cluster = buf[pos:q1532].decode()
-    pos = q1532
-    n1533 = _ZL[buf[pos]]
-    if n1533 < 0:
-        n1533, pos = _rlong(buf, pos)
-        if n1533 < 0:
-            raise _length_error(n1533, end - pos)
+    q1681 = pos + n1680
+    if q1681 > end:
+        raise _length_error(n1680, end - pos)
+    f_cluster = buf[pos:q1681].decode()
+    pos = q1681
+    n1682 = _ZL[buf[pos]]
+    if n1682 < 0:
+        n1682, pos = _rlong(buf, pos)
+        if n1682 < 0:
+            raise _length_error(n1682, end - pos)
     else:
         pos += 1
-    q1534 = pos + n1533
-    if q1534 > end:
-        raise _length_error(n1533, end - pos)
-    f_command_id = buf[pos:q1534].decode()
-    pos = q1534
-    n1535 = _ZL[buf[pos]]
-    if n1535 < 0:
-        n1535, pos = _rlong(buf, pos)
-        if n1535 < 0:
-            raise _length_error(n1535, end - pos)
+    q1683 = pos + n1682
+    if q1683 > end:
+        raise _length_error(n1682, end - pos)
+    f_command_id = buf[pos:q1683].decode()
+    pos = q1683
+    n1684 = _ZL[buf[pos]]
+    if n1684 < 0:
+        n1684, pos = _rlong(buf, pos)
+        if n1684 < 0:
+            raise _length_error(n1684, end - pos)
     else:
         pos += 1
-    q1536 = pos + n1535
-    if q1536 > end:
-        raise _length_error(n1535, end - pos)
-    f_error = buf[pos:q1536].decode()
-    pos = q1536
-    n1537 = _ZL[buf[pos]]
-    if n1537 < 0:
-        n1537, pos = _rlong(buf, pos)
-        if n1537 < 0:
-            raise _length_error(n1537, end - pos)
+    q1685 = pos + n1684
+    if q1685 > end:
+        raise _length_error(n1684, end - pos)
+    f_error = buf[pos:q1685].decode()
+    pos = q1685
+    n1686 = _ZL[buf[pos]]
+    if n1686 < 0:
+        n1686, pos = _rlong(buf, pos)
+        if n1686 < 0:
+            raise _length_error(n1686, end - pos)
     else:
         pos += 1
-    q1538 = pos + n1537
-    if q1538 > end:
-        raise _length_error(n1537, end - pos)
-    f_message = buf[pos:q1538].decode()
-    pos = q1538
+    q1687 = pos + n1686
+    if q1687 > end:
+        raise _length_error(n1686, end - pos)
+    f_message = buf[pos:q1687].decode()
+    pos = q1687
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1687(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1540 = _ZL[buf[pos]]
-    if n1540 < 0:
-        n1540, pos = _rlong(buf, pos)
-        if n1540 < 0:
-            raise _length_error(n1540, end - pos)
+    n1689 = _ZL[buf[pos]]
+    if n1689 < 0:
+        n1689, pos = _rlong(buf, pos)
+        if n1689 < 0:
+            raise _length_error(n1689, end - pos)
     else:
         pos += 1
-    q1541 = pos + n1540
-    if q1541 > end:
-        raise _length_error(n1540, end - pos)
-    f_cluster = buf[pos:q1541].decode()
-    pos = q1541
-    n1542 = _ZL[buf[pos]]
-    if n1542 < 0:
-        n1542, pos = _rlong(buf, pos)
-        if n1542 < 0:
-            raise _length_error(n1542, end - pos)
+    q1690 = pos + n1689
+    if q1690 > end:
+        raise _length_error(n1689, end - pos)
+    f_cluster = buf[pos:q1690].decode()
+    pos = q1690
+    n1691 = _ZL[buf[pos]]
+    if n1691 < 0:
+        n1691, pos = _rlong(buf, pos)
+        if n1691 < 0:
+            raise _length_error(n1691, end - pos)
     else:
         pos += 1
-    q1543 = pos + n1542
-    if q1543 > end:
-        raise _length_error(n1542, end - pos)
-    f_halted_command_id = buf[pos:q1543].decode()
-    pos = q1543
+    q1692 = pos + n1691
+    if q1692 > end:
+        raise _length_error(n1691, end - pos)
+    f_halted_command_id = buf[pos:q1692].decode()
+    pos = q1692
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7205,168 +7801,168 @@ def _d_ClusterResumed1538(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1544 = _ZL[buf[pos]]
-    if n1544 < 0:
-        n1544, pos = _rlong(buf, pos)
-        if n1544 < 0:
-            raise _length_error(n1544, end - pos)
+    n1693 = _ZL[buf[pos]]
+    if n1693 < 0:
+        n1693, pos = _rlong(buf, pos)
+        if n1693 < 0:
+            raise _length_error(n1693, end - pos)
     else:
         pos += 1
-    q1545 = pos + n1544
-    if q1545 > end:
-        raise _length_error(n1544, end - pos)
-    f_message = buf[pos:q1545].decode()
-    pos = q1545
+    q1694 = pos + n1693
+    if q1694 > end:
+        raise _length_error(n1693, end - pos)
+    f_message = buf[pos:q1694].decode()
+    pos = q1694
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1545(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1694(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1547 = _ZL[buf[pos]]
-    if n1547 < 0:
-        n1547, pos = _rlong(buf, pos)
-        if n1547 < 0:
-            raise _length_error(n1547, end - pos)
+    n1696 = _ZL[buf[pos]]
+    if n1696 < 0:
+        n1696, pos = _rlong(buf, pos)
+        if n1696 < 0:
+            raise _length_error(n1696, end - pos)
     else:
         pos += 1
-    q1548 = pos + n1547
-    if q1548 > end:
-        raise _length_error(n1547, end - pos)
-    f_node_id = buf[pos:q1548].decode()
-    pos = q1548
+    q1697 = pos + n1696
+    if q1697 > end:
+        raise _length_error(n1696, end - pos)
+    f_node_id = buf[pos:q1697].decode()
+    pos = q1697
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1697(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1550 = _ZL[buf[pos]]
-    if n1550 < 0:
-        n1550, pos = _rlong(buf, pos)
-        if n1550 < 0:
-            raise _length_error(n1550, end - pos)
+    n1699 = _ZL[buf[pos]]
+    if n1699 < 0:
+        n1699, pos = _rlong(buf, pos)
+        if n1699 < 0:
+            raise _length_error(n1699, end - pos)
     else:
         pos += 1
-    q1551 = pos + n1550
-    if q1551 > end:
-        raise _length_error(n1550, end - pos)
-    f_node_id = buf[pos:q1551].decode()
-    pos = q1551
+    q1700 = pos + n1699
+    if q1700 > end:
+        raise _length_error(n1699, end - pos)
+    f_node_id = buf[pos:q1700].decode()
+    pos = q1700
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1552: dict[str, Any] = {}
+        acc1701: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1553 = _ZD[b]
+                c1702 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1553 = (z >> 1) ^ -(z & 1)
+                c1702 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1553 = (z >> 1) ^ -(z & 1)
+                c1702 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1553, pos = _rlong(buf, pos)
-            if c1553 == 0:
+                c1702, pos = _rlong(buf, pos)
+            if c1702 == 0:
                 break
-            if c1553 < 0:
-                c1553 = -c1553
+            if c1702 < 0:
+                c1702 = -c1702
                 b = buf[pos]
                 if b < 128:
-                    z1556 = _ZD[b]
+                    z1705 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1556 = (z >> 1) ^ -(z & 1)
+                    z1705 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1556 = (z >> 1) ^ -(z & 1)
+                    z1705 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1556, pos = _rlong(buf, pos)
-            if c1553 * 2 > end - pos:
-                raise _count_error(c1553, end - pos)
-            for _ in range(c1553):
-                n1557 = _ZL[buf[pos]]
-                if n1557 < 0:
-                    n1557, pos = _rlong(buf, pos)
-                    if n1557 < 0:
-                        raise _length_error(n1557, end - pos)
+                    z1705, pos = _rlong(buf, pos)
+            if c1702 * 2 > end - pos:
+                raise _count_error(c1702, end - pos)
+            for _ in range(c1702):
+                n1706 = _ZL[buf[pos]]
+                if n1706 < 0:
+                    n1706, pos = _rlong(buf, pos)
+                    if n1706 < 0:
+                        raise _length_error(n1706, end - pos)
                 else:
                     pos += 1
-                q1558 = pos + n1557
-                if q1558 > end:
-                    raise _length_error(n1557, end - pos)
-                k1555 = buf[pos:q1558].decode()
-                pos = q1558
-                n1559 = _ZL[buf[pos]]
-                if n1559 < 0:
-                    n1559, pos = _rlong(buf, pos)
-                    if n1559 < 0:
-                        raise _length_error(n1559, end - pos)
+                q1707 = pos + n1706
+                if q1707 > end:
+                    raise _length_error(n1706, end - pos)
+                k1704 = buf[pos:q1707].decode()
+                pos = q1707
+                n1708 = _ZL[buf[pos]]
+                if n1708 < 0:
+                    n1708, pos = _rlong(buf, pos)
+                    if n1708 < 0:
+                        raise _length_error(n1708, end - pos)
                 else:
                     pos += 1
-                q1560 = pos + n1559
-                if q1560 > end:
-                    raise _length_error(n1559, end - pos)
-                x1554 = buf[pos:q1560].decode()
-                pos = q1560
-                acc1552[k1555] = x1554
-        f_labels = acc1552
+                q1709 = pos + n1708
+                if q1709 > end:
+                    raise _length_error(n1708, end - pos)
+                x1703 = buf[pos:q1709].decode()
+                pos = q1709
+                acc1701[k1704] = x1703
+        f_labels = acc1701
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1561: list[Any] = []
+        acc1710: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1562 = _ZD[b]
+                c1711 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1711 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1711 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1562, pos = _rlong(buf, pos)
-            if c1562 == 0:
+                c1711, pos = _rlong(buf, pos)
+            if c1711 == 0:
                 break
-            if c1562 < 0:
-                c1562 = -c1562
+            if c1711 < 0:
+                c1711 = -c1711
                 b = buf[pos]
                 if b < 128:
-                    z1565 = _ZD[b]
+                    z1714 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1714 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1714 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1565, pos = _rlong(buf, pos)
-            if c1562 * 3 > end - pos:
-                raise _count_error(c1562, end - pos)
-            for _ in range(c1562):
-                x1563, pos = _d_Taint367(buf, pos, end)
-                acc1561.append(x1563)
-        f_taints = tuple(acc1561)
+                    z1714, pos = _rlong(buf, pos)
+            if c1711 * 3 > end - pos:
+                raise _count_error(c1711, end - pos)
+            for _ in range(c1711):
+                x1712, pos = _d_Taint413(buf, pos, end)
+                acc1710.append(x1712)
+        f_taints = tuple(acc1710)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7385,23 +7981,23 @@ def _d_NodeUpdated1548(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1714(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1567 = _ZL[buf[pos]]
-    if n1567 < 0:
-        n1567, pos = _rlong(buf, pos)
-        if n1567 < 0:
-            raise _length_error(n1567, end - pos)
+    n1716 = _ZL[buf[pos]]
+    if n1716 < 0:
+        n1716, pos = _rlong(buf, pos)
+        if n1716 < 0:
+            raise _length_error(n1716, end - pos)
     else:
         pos += 1
-    q1568 = pos + n1567
-    if q1568 > end:
-        raise _length_error(n1567, end - pos)
-    f_pod_id = buf[pos:q1568].decode()
-    pos = q1568
+    q1717 = pos + n1716
+    if q1717 > end:
+        raise _length_error(n1716, end - pos)
+    f_pod_id = buf[pos:q1717].decode()
+    pos = q1717
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7432,205 +8028,205 @@ def _d_PodRetryScheduled1565(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1569 = _ZD[b]
+        i1718 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1569 = (z >> 1) ^ -(z & 1)
+        i1718 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1569 = (z >> 1) ^ -(z & 1)
+        i1718 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1569, pos = _rlong(buf, pos)
-    if i1569 == 0:
+        i1718, pos = _rlong(buf, pos)
+    if i1718 == 0:
         f_gang_id = None
-    elif i1569 == 1:
-        n1570 = _ZL[buf[pos]]
-        if n1570 < 0:
-            n1570, pos = _rlong(buf, pos)
-            if n1570 < 0:
-                raise _length_error(n1570, end - pos)
+    elif i1718 == 1:
+        n1719 = _ZL[buf[pos]]
+        if n1719 < 0:
+            n1719, pos = _rlong(buf, pos)
+            if n1719 < 0:
+                raise _length_error(n1719, end - pos)
         else:
             pos += 1
-        q1571 = pos + n1570
-        if q1571 > end:
-            raise _length_error(n1570, end - pos)
-        f_gang_id = buf[pos:q1571].decode()
-        pos = q1571
+        q1720 = pos + n1719
+        if q1720 > end:
+            raise _length_error(n1719, end - pos)
+        f_gang_id = buf[pos:q1720].decode()
+        pos = q1720
     else:
-        raise _union_error(i1569, 2)
+        raise _union_error(i1718, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1720(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1573 = _ZL[buf[pos]]
-    if n1573 < 0:
-        n1573, pos = _rlong(buf, pos)
-        if n1573 < 0:
-            raise _length_error(n1573, end - pos)
+    n1722 = _ZL[buf[pos]]
+    if n1722 < 0:
+        n1722, pos = _rlong(buf, pos)
+        if n1722 < 0:
+            raise _length_error(n1722, end - pos)
     else:
         pos += 1
-    q1574 = pos + n1573
-    if q1574 > end:
-        raise _length_error(n1573, end - pos)
-    f_budget_id = buf[pos:q1574].decode()
-    pos = q1574
+    q1723 = pos + n1722
+    if q1723 > end:
+        raise _length_error(n1722, end - pos)
+    f_budget_id = buf[pos:q1723].decode()
+    pos = q1723
     b = buf[pos]
     if b < 128:
-        i1575 = _ZD[b]
+        i1724 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1575 = (z >> 1) ^ -(z & 1)
+        i1724 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1575 = (z >> 1) ^ -(z & 1)
+        i1724 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1575, pos = _rlong(buf, pos)
-    if i1575 == 0:
+        i1724, pos = _rlong(buf, pos)
+    if i1724 == 0:
         f_tenant = None
-    elif i1575 == 1:
-        n1576 = _ZL[buf[pos]]
-        if n1576 < 0:
-            n1576, pos = _rlong(buf, pos)
-            if n1576 < 0:
-                raise _length_error(n1576, end - pos)
+    elif i1724 == 1:
+        n1725 = _ZL[buf[pos]]
+        if n1725 < 0:
+            n1725, pos = _rlong(buf, pos)
+            if n1725 < 0:
+                raise _length_error(n1725, end - pos)
         else:
             pos += 1
-        q1577 = pos + n1576
-        if q1577 > end:
-            raise _length_error(n1576, end - pos)
-        f_tenant = buf[pos:q1577].decode()
-        pos = q1577
+        q1726 = pos + n1725
+        if q1726 > end:
+            raise _length_error(n1725, end - pos)
+        f_tenant = buf[pos:q1726].decode()
+        pos = q1726
     else:
-        raise _union_error(i1575, 2)
+        raise _union_error(i1724, 2)
     b = buf[pos]
     if b < 128:
-        i1578 = _ZD[b]
+        i1727 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1578 = (z >> 1) ^ -(z & 1)
+        i1727 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1578 = (z >> 1) ^ -(z & 1)
+        i1727 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1578, pos = _rlong(buf, pos)
-    if i1578 == 0:
+        i1727, pos = _rlong(buf, pos)
+    if i1727 == 0:
         f_gang_id = None
-    elif i1578 == 1:
-        n1579 = _ZL[buf[pos]]
-        if n1579 < 0:
-            n1579, pos = _rlong(buf, pos)
-            if n1579 < 0:
-                raise _length_error(n1579, end - pos)
+    elif i1727 == 1:
+        n1728 = _ZL[buf[pos]]
+        if n1728 < 0:
+            n1728, pos = _rlong(buf, pos)
+            if n1728 < 0:
+                raise _length_error(n1728, end - pos)
         else:
             pos += 1
-        q1580 = pos + n1579
-        if q1580 > end:
-            raise _length_error(n1579, end - pos)
-        f_gang_id = buf[pos:q1580].decode()
-        pos = q1580
+        q1729 = pos + n1728
+        if q1729 > end:
+            raise _length_error(n1728, end - pos)
+        f_gang_id = buf[pos:q1729].decode()
+        pos = q1729
     else:
-        raise _union_error(i1578, 2)
+        raise _union_error(i1727, 2)
     b = buf[pos]
     if b < 128:
-        i1581 = _ZD[b]
+        i1730 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1581 = (z >> 1) ^ -(z & 1)
+        i1730 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1581 = (z >> 1) ^ -(z & 1)
+        i1730 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1581, pos = _rlong(buf, pos)
-    if i1581 == 0:
+        i1730, pos = _rlong(buf, pos)
+    if i1730 == 0:
         f_label_selector = None
-    elif i1581 == 1:
+    elif i1730 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1582: dict[str, Any] = {}
+            acc1731: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1583 = _ZD[b]
+                    c1732 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1583 = (z >> 1) ^ -(z & 1)
+                    c1732 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1583 = (z >> 1) ^ -(z & 1)
+                    c1732 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1583, pos = _rlong(buf, pos)
-                if c1583 == 0:
+                    c1732, pos = _rlong(buf, pos)
+                if c1732 == 0:
                     break
-                if c1583 < 0:
-                    c1583 = -c1583
+                if c1732 < 0:
+                    c1732 = -c1732
                     b = buf[pos]
                     if b < 128:
-                        z1586 = _ZD[b]
+                        z1735 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1586 = (z >> 1) ^ -(z & 1)
+                        z1735 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1586 = (z >> 1) ^ -(z & 1)
+                        z1735 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1586, pos = _rlong(buf, pos)
-                if c1583 * 2 > end - pos:
-                    raise _count_error(c1583, end - pos)
-                for _ in range(c1583):
-                    n1587 = _ZL[buf[pos]]
-                    if n1587 < 0:
-                        n1587, pos = _rlong(buf, pos)
-                        if n1587 < 0:
-                            raise _length_error(n1587, end - pos)
+                        z1735, pos = _rlong(buf, pos)
+                if c1732 * 2 > end - pos:
+                    raise _count_error(c1732, end - pos)
+                for _ in range(c1732):
+                    n1736 = _ZL[buf[pos]]
+                    if n1736 < 0:
+                        n1736, pos = _rlong(buf, pos)
+                        if n1736 < 0:
+                            raise _length_error(n1736, end - pos)
                     else:
                         pos += 1
-                    q1588 = pos + n1587
-                    if q1588 > end:
-                        raise _length_error(n1587, end - pos)
-                    k1585 = buf[pos:q1588].decode()
-                    pos = q1588
-                    n1589 = _ZL[buf[pos]]
-                    if n1589 < 0:
-                        n1589, pos = _rlong(buf, pos)
-                        if n1589 < 0:
-                            raise _length_error(n1589, end - pos)
+                    q1737 = pos + n1736
+                    if q1737 > end:
+                        raise _length_error(n1736, end - pos)
+                    k1734 = buf[pos:q1737].decode()
+                    pos = q1737
+                    n1738 = _ZL[buf[pos]]
+                    if n1738 < 0:
+                        n1738, pos = _rlong(buf, pos)
+                        if n1738 < 0:
+                            raise _length_error(n1738, end - pos)
                     else:
                         pos += 1
-                    q1590 = pos + n1589
-                    if q1590 > end:
-                        raise _length_error(n1589, end - pos)
-                    x1584 = buf[pos:q1590].decode()
-                    pos = q1590
-                    acc1582[k1585] = x1584
-            f_label_selector = acc1582
+                    q1739 = pos + n1738
+                    if q1739 > end:
+                        raise _length_error(n1738, end - pos)
+                    x1733 = buf[pos:q1739].decode()
+                    pos = q1739
+                    acc1731[k1734] = x1733
+            f_label_selector = acc1731
     else:
-        raise _union_error(i1581, 2)
+        raise _union_error(i1730, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -7649,66 +8245,66 @@ def _d_DisruptionBudgetSet1571(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1590(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1739(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1592 = _ZL[buf[pos]]
-    if n1592 < 0:
-        n1592, pos = _rlong(buf, pos)
-        if n1592 < 0:
-            raise _length_error(n1592, end - pos)
+    n1741 = _ZL[buf[pos]]
+    if n1741 < 0:
+        n1741, pos = _rlong(buf, pos)
+        if n1741 < 0:
+            raise _length_error(n1741, end - pos)
     else:
         pos += 1
-    q1593 = pos + n1592
-    if q1593 > end:
-        raise _length_error(n1592, end - pos)
-    f_budget_id = buf[pos:q1593].decode()
-    pos = q1593
+    q1742 = pos + n1741
+    if q1742 > end:
+        raise _length_error(n1741, end - pos)
+    f_budget_id = buf[pos:q1742].decode()
+    pos = q1742
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1742(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1595 = _ZL[buf[pos]]
-    if n1595 < 0:
-        n1595, pos = _rlong(buf, pos)
-        if n1595 < 0:
-            raise _length_error(n1595, end - pos)
+    n1744 = _ZL[buf[pos]]
+    if n1744 < 0:
+        n1744, pos = _rlong(buf, pos)
+        if n1744 < 0:
+            raise _length_error(n1744, end - pos)
     else:
         pos += 1
-    q1596 = pos + n1595
-    if q1596 > end:
-        raise _length_error(n1595, end - pos)
-    f_pod_id = buf[pos:q1596].decode()
-    pos = q1596
-    n1597 = _ZL[buf[pos]]
-    if n1597 < 0:
-        n1597, pos = _rlong(buf, pos)
-        if n1597 < 0:
-            raise _length_error(n1597, end - pos)
+    q1745 = pos + n1744
+    if q1745 > end:
+        raise _length_error(n1744, end - pos)
+    f_pod_id = buf[pos:q1745].decode()
+    pos = q1745
+    n1746 = _ZL[buf[pos]]
+    if n1746 < 0:
+        n1746, pos = _rlong(buf, pos)
+        if n1746 < 0:
+            raise _length_error(n1746, end - pos)
     else:
         pos += 1
-    q1598 = pos + n1597
-    if q1598 > end:
-        raise _length_error(n1597, end - pos)
-    f_node_id = buf[pos:q1598].decode()
-    pos = q1598
-    n1599 = _ZL[buf[pos]]
-    if n1599 < 0:
-        n1599, pos = _rlong(buf, pos)
-        if n1599 < 0:
-            raise _length_error(n1599, end - pos)
+    q1747 = pos + n1746
+    if q1747 > end:
+        raise _length_error(n1746, end - pos)
+    f_node_id = buf[pos:q1747].decode()
+    pos = q1747
+    n1748 = _ZL[buf[pos]]
+    if n1748 < 0:
+        n1748, pos = _rlong(buf, pos)
+        if n1748 < 0:
+            raise _length_error(n1748, end - pos)
     else:
         pos += 1
-    q1600 = pos + n1599
-    if q1600 > end:
-        raise _length_error(n1599, end - pos)
-    f_budget_id = buf[pos:q1600].decode()
-    pos = q1600
+    q1749 = pos + n1748
+    if q1749 > end:
+        raise _length_error(n1748, end - pos)
+    f_budget_id = buf[pos:q1749].decode()
+    pos = q1749
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -7723,51 +8319,51 @@ def _d_EvictionBlocked1593(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1601 = _ZL[buf[pos]]
-    if n1601 < 0:
-        n1601, pos = _rlong(buf, pos)
-        if n1601 < 0:
-            raise _length_error(n1601, end - pos)
+    n1750 = _ZL[buf[pos]]
+    if n1750 < 0:
+        n1750, pos = _rlong(buf, pos)
+        if n1750 < 0:
+            raise _length_error(n1750, end - pos)
     else:
         pos += 1
-    q1602 = pos + n1601
-    if q1602 > end:
-        raise _length_error(n1601, end - pos)
-    f_reason = buf[pos:q1602].decode()
-    pos = q1602
+    q1751 = pos + n1750
+    if q1751 > end:
+        raise _length_error(n1750, end - pos)
+    f_reason = buf[pos:q1751].decode()
+    pos = q1751
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1602(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1751(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1604 = _ZL[buf[pos]]
-    if n1604 < 0:
-        n1604, pos = _rlong(buf, pos)
-        if n1604 < 0:
-            raise _length_error(n1604, end - pos)
+    n1753 = _ZL[buf[pos]]
+    if n1753 < 0:
+        n1753, pos = _rlong(buf, pos)
+        if n1753 < 0:
+            raise _length_error(n1753, end - pos)
     else:
         pos += 1
-    q1605 = pos + n1604
-    if q1605 > end:
-        raise _length_error(n1604, end - pos)
-    f_pod_id = buf[pos:q1605].decode()
-    pos = q1605
-    n1606 = _ZL[buf[pos]]
-    if n1606 < 0:
-        n1606, pos = _rlong(buf, pos)
-        if n1606 < 0:
-            raise _length_error(n1606, end - pos)
+    q1754 = pos + n1753
+    if q1754 > end:
+        raise _length_error(n1753, end - pos)
+    f_pod_id = buf[pos:q1754].decode()
+    pos = q1754
+    n1755 = _ZL[buf[pos]]
+    if n1755 < 0:
+        n1755, pos = _rlong(buf, pos)
+        if n1755 < 0:
+            raise _length_error(n1755, end - pos)
     else:
         pos += 1
-    q1607 = pos + n1606
-    if q1607 > end:
-        raise _length_error(n1606, end - pos)
-    f_node_id = buf[pos:q1607].decode()
-    pos = q1607
+    q1756 = pos + n1755
+    if q1756 > end:
+        raise _length_error(n1755, end - pos)
+    f_node_id = buf[pos:q1756].decode()
+    pos = q1756
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -7788,12 +8384,341 @@ def _d_PodEvictionScheduled1602(buf: bytes, pos: int, end: int) -> tuple[_c_PodE
     return o, pos
 
 
+def _d_CohortQuota1760(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, int]:
+    f_cohort: str
+    f_parent: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    n1762 = _ZL[buf[pos]]
+    if n1762 < 0:
+        n1762, pos = _rlong(buf, pos)
+        if n1762 < 0:
+            raise _length_error(n1762, end - pos)
+    else:
+        pos += 1
+    q1763 = pos + n1762
+    if q1763 > end:
+        raise _length_error(n1762, end - pos)
+    f_cohort = buf[pos:q1763].decode()
+    pos = q1763
+    b = buf[pos]
+    if b < 128:
+        i1764 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1764 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1764 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1764, pos = _rlong(buf, pos)
+    if i1764 == 0:
+        f_parent = None
+    elif i1764 == 1:
+        n1765 = _ZL[buf[pos]]
+        if n1765 < 0:
+            n1765, pos = _rlong(buf, pos)
+            if n1765 < 0:
+                raise _length_error(n1765, end - pos)
+        else:
+            pos += 1
+        q1766 = pos + n1765
+        if q1766 > end:
+            raise _length_error(n1765, end - pos)
+        f_parent = buf[pos:q1766].decode()
+        pos = q1766
+    else:
+        raise _union_error(i1764, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc1767: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1768 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1768 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1768 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1768, pos = _rlong(buf, pos)
+            if c1768 == 0:
+                break
+            if c1768 < 0:
+                c1768 = -c1768
+                b = buf[pos]
+                if b < 128:
+                    z1771 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1771 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1771 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1771, pos = _rlong(buf, pos)
+            if c1768 * 2 > end - pos:
+                raise _count_error(c1768, end - pos)
+            for _ in range(c1768):
+                n1772 = _ZL[buf[pos]]
+                if n1772 < 0:
+                    n1772, pos = _rlong(buf, pos)
+                    if n1772 < 0:
+                        raise _length_error(n1772, end - pos)
+                else:
+                    pos += 1
+                q1773 = pos + n1772
+                if q1773 > end:
+                    raise _length_error(n1772, end - pos)
+                k1770 = buf[pos:q1773].decode()
+                pos = q1773
+                b = buf[pos]
+                if b < 128:
+                    x1769 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1769 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1769 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1769, pos = _rlong(buf, pos)
+                acc1767[k1770] = x1769
+        f_nominal_gpus = acc1767
+    b = buf[pos]
+    if b < 128:
+        i1774 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1774 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1774 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1774, pos = _rlong(buf, pos)
+    if i1774 == 0:
+        f_nominal_cpu_milli = None
+    elif i1774 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1774, 2)
+    b = buf[pos]
+    if b < 128:
+        i1775 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1775 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1775 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1775, pos = _rlong(buf, pos)
+    if i1775 == 0:
+        f_nominal_memory_mib = None
+    elif i1775 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_memory_mib = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_memory_mib = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_memory_mib, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1775, 2)
+    b = buf[pos]
+    if b < 128:
+        i1776 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1776 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1776 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1776, pos = _rlong(buf, pos)
+    if i1776 == 0:
+        f_borrowing_limit_gpus = None
+    elif i1776 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_borrowing_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_borrowing_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_borrowing_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1776, 2)
+    b = buf[pos]
+    if b < 128:
+        i1777 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1777 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1777 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1777, pos = _rlong(buf, pos)
+    if i1777 == 0:
+        f_lending_limit_gpus = None
+    elif i1777 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_lending_limit_gpus = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_lending_limit_gpus = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_lending_limit_gpus, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1777, 2)
+    o = _c_CohortQuota(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
+    return o, pos
+
+
+def _d_CohortChanged1756(buf: bytes, pos: int, end: int) -> tuple[_c_CohortChanged, int]:
+    f_cohort: str
+    f_spec: Any
+    f_previous: Any
+    f_message: str
+    n1758 = _ZL[buf[pos]]
+    if n1758 < 0:
+        n1758, pos = _rlong(buf, pos)
+        if n1758 < 0:
+            raise _length_error(n1758, end - pos)
+    else:
+        pos += 1
+    q1759 = pos + n1758
+    if q1759 > end:
+        raise _length_error(n1758, end - pos)
+    f_cohort = buf[pos:q1759].decode()
+    pos = q1759
+    b = buf[pos]
+    if b < 128:
+        i1760 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1760 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1760 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1760, pos = _rlong(buf, pos)
+    if i1760 == 0:
+        f_spec = None
+    elif i1760 == 1:
+        f_spec, pos = _d_CohortQuota1760(buf, pos, end)
+    else:
+        raise _union_error(i1760, 2)
+    b = buf[pos]
+    if b < 128:
+        i1778 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1778 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1778 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1778, pos = _rlong(buf, pos)
+    if i1778 == 0:
+        f_previous = None
+    elif i1778 == 1:
+        f_previous, pos = _d_CohortQuota1760(buf, pos, end)
+    else:
+        raise _union_error(i1778, 2)
+    n1779 = _ZL[buf[pos]]
+    if n1779 < 0:
+        n1779, pos = _rlong(buf, pos)
+        if n1779 < 0:
+            raise _length_error(n1779, end - pos)
+    else:
+        pos += 1
+    q1780 = pos + n1779
+    if q1780 > end:
+        raise _length_error(n1779, end - pos)
+    f_message = buf[pos:q1780].decode()
+    pos = q1780
+    o = _c_CohortChanged(f_cohort, f_spec, f_previous, f_message)
+    return o, pos
+
+
 def decode_event(frame: Any) -> _c_Event:
     if type(frame) is not bytes:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1176:
+    if frame[:10] != _k1315:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -7834,30 +8759,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1178 = _ZL[buf[pos]]
-        if n1178 < 0:
-            n1178, pos = _rlong(buf, pos)
-            if n1178 < 0:
-                raise _length_error(n1178, end - pos)
+        n1317 = _ZL[buf[pos]]
+        if n1317 < 0:
+            n1317, pos = _rlong(buf, pos)
+            if n1317 < 0:
+                raise _length_error(n1317, end - pos)
         else:
             pos += 1
-        q1179 = pos + n1178
-        if q1179 > end:
-            raise _length_error(n1178, end - pos)
-        f_cluster = buf[pos:q1179].decode()
-        pos = q1179
-        n1180 = _ZL[buf[pos]]
-        if n1180 < 0:
-            n1180, pos = _rlong(buf, pos)
-            if n1180 < 0:
-                raise _length_error(n1180, end - pos)
+        q1318 = pos + n1317
+        if q1318 > end:
+            raise _length_error(n1317, end - pos)
+        f_cluster = buf[pos:q1318].decode()
+        pos = q1318
+        n1319 = _ZL[buf[pos]]
+        if n1319 < 0:
+            n1319, pos = _rlong(buf, pos)
+            if n1319 < 0:
+                raise _length_error(n1319, end - pos)
         else:
             pos += 1
-        q1181 = pos + n1180
-        if q1181 > end:
-            raise _length_error(n1180, end - pos)
-        f_command_id = buf[pos:q1181].decode()
-        pos = q1181
+        q1320 = pos + n1319
+        if q1320 > end:
+            raise _length_error(n1319, end - pos)
+        f_command_id = buf[pos:q1320].decode()
+        pos = q1320
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -7888,21 +8813,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1182 = _ZD[b]
+            i1321 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1182 = (z >> 1) ^ -(z & 1)
+            i1321 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1182 = (z >> 1) ^ -(z & 1)
+            i1321 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1182, pos = _rlong(buf, pos)
-        if not 0 <= i1182 < 34:
-            raise _union_error(i1182, 34)
-        f_payload, pos = _k1607[i1182](buf, pos, end)
+            i1321, pos = _rlong(buf, pos)
+        if not 0 <= i1321 < 35:
+            raise _union_error(i1321, 35)
+        f_payload, pos = _k1780[i1321](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -7925,15 +8850,15 @@ _k172: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k231: dict[type, Callable[[Any], bytes]] = {
+_k237: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k276: dict[type, Callable[[Any], bytes]] = {
+_k287: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k339: dict[type, Callable[[Any], bytes]] = {
+_k385: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -7944,88 +8869,99 @@ _k339: dict[type, Callable[[Any], bytes]] = {
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
     _c_SubmitGang: _e_SubmitGang179,
-    _c_ReleaseGang: _e_ReleaseGang235,
-    _c_Tick: _e_Tick241,
-    _c_SetQuota: _e_SetQuota243,
-    _c_RemoveQuota: _e_RemoveQuota278,
-    _c_Defragment: _e_Defragment282,
-    _c_ResumeCluster: _e_ResumeCluster291,
-    _c_RecoverNode: _e_RecoverNode295,
-    _c_UpdateNode: _e_UpdateNode299,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget313,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget335,
+    _c_ReleaseGang: _e_ReleaseGang246,
+    _c_Tick: _e_Tick252,
+    _c_SetQuota: _e_SetQuota254,
+    _c_RemoveQuota: _e_RemoveQuota289,
+    _c_Defragment: _e_Defragment293,
+    _c_ResumeCluster: _e_ResumeCluster302,
+    _c_RecoverNode: _e_RecoverNode306,
+    _c_UpdateNode: _e_UpdateNode310,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget324,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget346,
+    _c_SetCohort: _e_SetCohort350,
+    _c_RemoveCohort: _e_RemoveCohort381,
 }
 
-_k612: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode348, _d_RemoveNode374, _d_CordonNode377, _d_UncordonNode380, _d_DrainNode383, _d_MarkNodeFailed386, _d_SubmitPod391, _d_Release440, _d_SetPolicy445, _d_SubmitGang477, _d_ReleaseGang534, _d_Tick539, _d_SetQuota540, _d_RemoveQuota558, _d_Defragment561, _d_ResumeCluster565, _d_RecoverNode568, _d_UpdateNode571, _d_SetDisruptionBudget590, _d_RemoveDisruptionBudget609,)
+_k688: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode394, _d_RemoveNode420, _d_CordonNode423, _d_UncordonNode426, _d_DrainNode429, _d_MarkNodeFailed432, _d_SubmitPod437, _d_Release486, _d_SetPolicy491, _d_SubmitGang523, _d_ReleaseGang590, _d_Tick595, _d_SetQuota596, _d_RemoveQuota614, _d_Defragment617, _d_ResumeCluster621, _d_RecoverNode624, _d_UpdateNode627, _d_SetDisruptionBudget646, _d_RemoveDisruptionBudget665, _d_SetCohort668, _d_RemoveCohort685,)
 
-_k695: dict[type, Callable[[Any], bytes]] = {
+_k771: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k741: dict[type, Callable[[Any], bytes]] = {
+_k823: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k851: dict[type, Callable[[Any], bytes]] = {
+_k939: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k884: dict[type, Callable[[Any], bytes]] = {
+_k978: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k944: dict[type, Callable[[Any], bytes]] = {
+_k1039: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1054: dict[type, Callable[[Any], bytes]] = {
+_k1150: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1057: dict[type, Callable[[Any], bytes]] = {
+_k1153: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1175: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded624,
-    _c_NodeRemoved: _e_NodeRemoved636,
-    _c_NodeCordoned: _e_NodeCordoned640,
-    _c_NodeUncordoned: _e_NodeUncordoned644,
-    _c_NodeDrained: _e_NodeDrained648,
-    _c_NodeFailed: _e_NodeFailed653,
-    _c_PodQueued: _e_PodQueued660,
-    _c_PodScheduled: _e_PodScheduled706,
-    _c_PodEvicted: _e_PodEvicted757,
-    _c_PodReleased: _e_PodReleased765,
-    _c_PolicyChanged: _e_PolicyChanged777,
-    _c_CommandRejected: _e_CommandRejected795,
-    _c_GangQueued: _e_GangQueued805,
-    _c_GangScheduled: _e_GangScheduled894,
-    _c_GangTimedOut: _e_GangTimedOut968,
-    _c_GangReleased: _e_GangReleased975,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached982,
-    _c_NodesReserved: _e_NodesReserved995,
-    _c_ReservationReleased: _e_ReservationReleased1009,
-    _c_DependencyFailed: _e_DependencyFailed1020,
-    _c_Ticked: _e_Ticked1030,
-    _c_PodPreempted: _e_PodPreempted1033,
-    _c_QuotaChanged: _e_QuotaChanged1045,
-    _c_PodMigrated: _e_PodMigrated1061,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1075,
-    _c_ClusterHalted: _e_ClusterHalted1088,
-    _c_ClusterResumed: _e_ClusterResumed1098,
-    _c_NodeRecovered: _e_NodeRecovered1108,
-    _c_NodeUpdated: _e_NodeUpdated1112,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1119,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1131,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1153,
-    _c_EvictionBlocked: _e_EvictionBlocked1157,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1168,
+_k1307: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1276,
 }
 
-_k1607: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1182, _d_NodeRemoved1201, _d_NodeCordoned1204, _d_NodeUncordoned1207, _d_NodeDrained1210, _d_NodeFailed1213, _d_PodQueued1218, _d_PodScheduled1278, _d_PodEvicted1303, _d_PodReleased1310, _d_PolicyChanged1318, _d_CommandRejected1327, _d_GangQueued1336, _d_GangScheduled1384, _d_GangTimedOut1417, _d_GangReleased1422, _d_PodTimeLimitReached1434, _d_NodesReserved1442, _d_ReservationReleased1457, _d_DependencyFailed1473, _d_Ticked1482, _d_PodPreempted1483, _d_QuotaChanged1494, _d_PodMigrated1502, _d_DefragmentationPlanned1523, _d_ClusterHalted1529, _d_ClusterResumed1538, _d_NodeRecovered1545, _d_NodeUpdated1548, _d_PodRetryScheduled1565, _d_DisruptionBudgetSet1571, _d_DisruptionBudgetRemoved1590, _d_EvictionBlocked1593, _d_PodEvictionScheduled1602,)
+_k1310: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1276,
+}
+
+_k1314: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded700,
+    _c_NodeRemoved: _e_NodeRemoved712,
+    _c_NodeCordoned: _e_NodeCordoned716,
+    _c_NodeUncordoned: _e_NodeUncordoned720,
+    _c_NodeDrained: _e_NodeDrained724,
+    _c_NodeFailed: _e_NodeFailed729,
+    _c_PodQueued: _e_PodQueued736,
+    _c_PodScheduled: _e_PodScheduled788,
+    _c_PodEvicted: _e_PodEvicted845,
+    _c_PodReleased: _e_PodReleased853,
+    _c_PolicyChanged: _e_PolicyChanged865,
+    _c_CommandRejected: _e_CommandRejected883,
+    _c_GangQueued: _e_GangQueued893,
+    _c_GangScheduled: _e_GangScheduled989,
+    _c_GangTimedOut: _e_GangTimedOut1064,
+    _c_GangReleased: _e_GangReleased1071,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached1078,
+    _c_NodesReserved: _e_NodesReserved1091,
+    _c_ReservationReleased: _e_ReservationReleased1105,
+    _c_DependencyFailed: _e_DependencyFailed1116,
+    _c_Ticked: _e_Ticked1126,
+    _c_PodPreempted: _e_PodPreempted1129,
+    _c_QuotaChanged: _e_QuotaChanged1141,
+    _c_PodMigrated: _e_PodMigrated1157,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1171,
+    _c_ClusterHalted: _e_ClusterHalted1184,
+    _c_ClusterResumed: _e_ClusterResumed1194,
+    _c_NodeRecovered: _e_NodeRecovered1204,
+    _c_NodeUpdated: _e_NodeUpdated1208,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1215,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1227,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1249,
+    _c_EvictionBlocked: _e_EvictionBlocked1253,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1264,
+    _c_CohortChanged: _e_CohortChanged1271,
+}
+
+_k1780: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1321, _d_NodeRemoved1340, _d_NodeCordoned1343, _d_NodeUncordoned1346, _d_NodeDrained1349, _d_NodeFailed1352, _d_PodQueued1357, _d_PodScheduled1420, _d_PodEvicted1445, _d_PodReleased1452, _d_PolicyChanged1460, _d_CommandRejected1469, _d_GangQueued1478, _d_GangScheduled1533, _d_GangTimedOut1566, _d_GangReleased1571, _d_PodTimeLimitReached1583, _d_NodesReserved1591, _d_ReservationReleased1606, _d_DependencyFailed1622, _d_Ticked1631, _d_PodPreempted1632, _d_QuotaChanged1643, _d_PodMigrated1651, _d_DefragmentationPlanned1672, _d_ClusterHalted1678, _d_ClusterResumed1687, _d_NodeRecovered1694, _d_NodeUpdated1697, _d_PodRetryScheduled1714, _d_DisruptionBudgetSet1720, _d_DisruptionBudgetRemoved1739, _d_EvictionBlocked1742, _d_PodEvictionScheduled1751, _d_CohortChanged1756,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event613
+encode_event = _e_Event689

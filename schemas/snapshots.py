@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from schemas.codec import SNAPSHOT, registry
-from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Quota, Taint
+from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, CohortQuota, Quota, Taint
 from schemas.events import GangSpec, GpuShare, PodSpec
 from schemas.records import Record, nest
 
@@ -148,6 +148,7 @@ class ClusterSnapshot(Record):
     blocked: dict[str, str] = field(default_factory=dict)
     disrupted: tuple[str, ...] = ()
     preempt_checks: tuple[PreemptCheck, ...] = ()
+    cohorts: tuple[CohortQuota, ...] = ()  # contract v4: SetCohort, sorted by name
 
 
 @dataclass(slots=True)
@@ -199,6 +200,7 @@ nest(
         "budgets": BudgetSnapshot,
         "draining": DrainSnapshot,
         "preempt_checks": PreemptCheck,
+        "cohorts": CohortQuota,
     },
 )
 nest(Snapshot, {"clusters": ClusterSnapshot})

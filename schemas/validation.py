@@ -41,11 +41,13 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveCohort,
     RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
     Retry,
+    SetCohort,
     SetDisruptionBudget,
     SetPolicy,
     SetQuota,
@@ -379,6 +381,42 @@ def check_submit_gang(command: SubmitGang, modes: tuple[str, ...] = PREEMPTION_M
         raise Rejected(
             RejectionCode.INVALID_COMMAND, f"disruption must be one of {DISRUPTION_MODES}, got {command.disruption!r}"
         )
+    if command.min_members_per_role or any(member.role is not None for member in command.members):
+        check_roles(command)
+
+
+def check_roles(command: SubmitGang) -> None:
+    """``min_members_per_role`` (contract v4, Volcano's ``minTaskMember``): each role it names is some member's
+    ``role``, its minimum is 0 to that role's member count, and the minimums sum to at most ``min_members``
+    (default: every member), so that some set of members meets them all. INVALID_COMMAND otherwise."""
+    members: dict[str, int] = {}
+    for member in command.members:
+        if member.role is not None:
+            check_id("member role", member.role)
+            members[member.role] = members.get(member.role, 0) + 1
+    total = 0
+    for role in sorted(command.min_members_per_role):
+        minimum = command.min_members_per_role[role]
+        if role not in members:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                f"min_members_per_role names role {role!r}, which no member of gang {command.gang_id!r} has; "
+                f"its members' roles: {sorted(members)}",
+            )
+        if not 0 <= minimum <= members[role]:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                f"min_members_per_role[{role!r}] must be between 0 and the {members[role]} member(s) of role "
+                f"{role!r} in gang {command.gang_id!r}, got {minimum!r}",
+            )
+        total += minimum
+    wanted = command.min_members if command.min_members is not None else len(command.members)
+    if total > wanted:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"min_members_per_role of gang {command.gang_id!r} sum to {total}, more than its min_members {wanted}: "
+            "raise min_members to at least their sum",
+        )
 
 
 def check_release_gang(command: ReleaseGang) -> None:
@@ -479,6 +517,32 @@ def check_remove_quota(command: RemoveQuota) -> None:
     check_id("tenant", command.tenant)
 
 
+def check_set_cohort(command: SetCohort) -> None:
+    """Names are ids, amounts whole, non-negative and bounded (as a quota's); a cohort is not its own parent."""
+    check_id("cohort", command.cohort)
+    if command.parent is not None:
+        check_id("parent", command.parent)
+        if command.parent == command.cohort:
+            raise Rejected(RejectionCode.COHORT_CYCLE, f"cohort {command.cohort!r} cannot be its own parent")
+    if command.parent is None and (command.borrowing_limit_gpus is not None or command.lending_limit_gpus is not None):
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"cohort {command.cohort!r} sets a borrowing or lending limit without a parent: a root borrows from and "
+            "lends to no one",
+        )
+    check_quota(
+        f"cohort {command.cohort!r}",
+        Quota(
+            command.parent,
+            command.nominal_gpus,
+            command.nominal_cpu_milli,
+            command.nominal_memory_mib,
+            command.borrowing_limit_gpus,
+            command.lending_limit_gpus,
+        ),
+    )
+
+
 def check_defragment(command: Defragment) -> None:
     check_range("max_moves", command.max_moves, 0, MAX_MOVES)
     if command.target is not None:
@@ -506,6 +570,8 @@ PAYLOAD_CHECKS: dict[type, Callable[[Any], None]] = {
     UpdateNode: check_update_node,
     SetDisruptionBudget: check_set_disruption_budget,
     RemoveDisruptionBudget: lambda command: check_id("budget_id", command.budget_id),
+    SetCohort: check_set_cohort,
+    RemoveCohort: lambda command: check_id("cohort", command.cohort),
 }
 
 

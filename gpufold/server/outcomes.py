@@ -35,6 +35,8 @@ ANSWERS: dict[str, tuple[str, ...]] = {
     "Tick": ("Ticked",),
     "SetQuota": ("QuotaChanged",),
     "RemoveQuota": ("QuotaChanged",),
+    "SetCohort": ("CohortChanged",),
+    "RemoveCohort": ("CohortChanged",),
     "Defragment": ("DefragmentationPlanned",),
 }
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.core import cohort_tree
 from processor.core.budgets import is_disruption
 from processor.core.errors import InvariantViolation
 from processor.core.state import (
@@ -38,6 +39,7 @@ from schemas.commands import GPU_MILLI
 from schemas.events import (
     ClusterHalted,
     ClusterResumed,
+    CohortChanged,
     CommandRejected,
     DefragmentationPlanned,
     DependencyFailed,
@@ -551,6 +553,15 @@ def _applied_gang_scheduled(state: PartitionState, cluster: ClusterState, event:
         raise InvariantViolation(f"gang {gang.gang_id!r} scheduled while running")
     if len(event.members) < gang.spec.min_members:
         raise InvariantViolation(f"gang {gang.gang_id!r} scheduled with {len(event.members)} < min_members")
+    if gang.spec.min_members_per_role:
+        placed = {member.pod_id for member in event.members}
+        counts: dict[str, int] = {}
+        for member in gang.spec.members:
+            if member.pod_id in placed and member.role is not None:
+                counts[member.role] = counts.get(member.role, 0) + 1
+        for role, minimum in gang.spec.min_members_per_role.items():
+            if counts.get(role, 0) < minimum:
+                raise InvariantViolation(f"gang {gang.gang_id!r} scheduled with role {role!r} below its minimum")
     gang.state = GANG_RUNNING
     gang.placed = dict.fromkeys(member.pod_id for member in event.members)
     gang.started_at = now
@@ -616,6 +627,16 @@ def _applied_quota_changed(state: PartitionState, cluster: ClusterState, event: 
         cluster.set_quota(event.tenant, event.quota)
 
 
+def _applied_cohort_changed(state: PartitionState, cluster: ClusterState, event: CohortChanged, now: int) -> None:
+    """A cohort of the tree declared, changed (a spec) or forgotten (None): the children and pools follow."""
+    if event.spec is None:
+        cluster.cohort_specs.pop(event.cohort, None)
+    else:
+        cluster.cohort_specs[event.cohort] = event.spec
+    cluster.cohort_children = cohort_tree.children_of(cluster.cohort_specs)
+    cluster.rebuild_pools()
+
+
 def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: PodMigrated, now: int) -> None:
     pod = lookup(cluster.pods, event.pod_id)
     if pod is None or pod.node_id != event.from_node or pod.gpus != tuple(event.from_gpus):
@@ -670,4 +691,5 @@ APPLIERS: dict[type, Callable[[PartitionState, ClusterState, Any, int], None]] =
     DisruptionBudgetRemoved: _applied_budget_removed,
     EvictionBlocked: _applied_eviction_blocked,
     PodEvictionScheduled: _applied_pod_eviction_scheduled,
+    CohortChanged: _applied_cohort_changed,
 }

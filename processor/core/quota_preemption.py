@@ -60,7 +60,7 @@ def borrow_within_cohort(cluster: ClusterState, preemptor: PodSpec) -> Callable[
     quota = quotas.quota_of(cluster, preemptor.tenant)
     if quota is None or quota.cohort is None or quota.policy.borrow_within_cohort != BORROW_LOWER:
         return None
-    peers = set(cluster.cohorts.get(quota.cohort, ()))
+    peers = set(quotas.tree_members(cluster, quota.cohort))  # the whole cohort tree (contract v4)
     peers.discard(preemptor.tenant)
     ceiling = quota.policy.borrow_max_victim_priority
 

@@ -13,8 +13,10 @@ Without a cohort a tenant may hold up to its nominal quota. Tenants of one cohor
 what they lend (their nominal, or ``lending_limit_gpus`` if smaller; the rest is
 guaranteed to them) and may borrow from the pool up to ``borrowing_limit_gpus`` beyond
 their nominal: on every key, the cohort's use of the pool never exceeds the pool
-(Kueue's model). Quotas are pooled by key name: what one tenant lends on ``gpu:A100``
-only tenants whose quota names A100 can borrow.
+(Kueue's model). A cohort declared with ``SetCohort`` (contract v4) may have a parent and a
+quota of its own: borrowing then walks up the cohort tree (``processor.core.cohort_tree``).
+Quotas are pooled by key name: what one tenant lends on ``gpu:A100`` only tenants whose
+quota names A100 can borrow.
 
 Admission checks quota before placement. A pod that would go over waits with
 ``QUOTA_EXCEEDED`` (the usage and the limit in words). A tenant that asks for capacity
@@ -34,6 +36,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from processor.core import cohort_tree
 from processor.core.quota_keys import (
     CPU,
     GPU,
@@ -42,6 +45,7 @@ from processor.core.quota_keys import (
     borrowing_limit,
     demand,
     gpu_key,
+    guaranteed,
     has_key,
     lendable,
     limited_keys,
@@ -50,7 +54,7 @@ from processor.core.quota_keys import (
 )
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod
-from schemas.commands import ANY_MODEL, BORROW_LOWER, GPU_MILLI, RECLAIM_NEVER, WITHIN_NEVER, Quota
+from schemas.commands import ANY_MODEL, BORROW_LOWER, GPU_MILLI, RECLAIM_NEVER, WITHIN_NEVER, CohortQuota, Quota
 from schemas.events import PodSpec
 
 _NONE: dict[str, None] = {}
@@ -89,6 +93,8 @@ class Shortfall:
     room: int
     reclaimable: bool
     message: str
+    cohort: str | None = None  # the cohort of the tree that has no room (None: the tenant's own limits)
+    depth: int = 0  # its level: 1 for the tenant's own cohort, 2 for its parent, and so on
 
 
 def _amount(key: str, value: int) -> str:
@@ -132,6 +138,11 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
                 f"{_amount(key, max(0, amount + limit - now))}; this needs {_amount(key, need)}"
             )
             return Shortfall(tenant, key, now, need, max(0, amount + limit - now), False, message)
+        if cluster.cohort_specs and cohort_tree.parent_of(cluster.cohort_specs, cohort) is not None:
+            short = _tree_shortfall(cluster, tenant, cohort, key, now, need, amount, kept, limit)
+            if short is not None:
+                return short
+            continue
         size, in_use = pool(cluster, cohort, key)
         guaranteed = kept  # the pool counts only use beyond what the tenant keeps for itself
         after = in_use - max(0, now - guaranteed) + max(0, now + need - guaranteed)
@@ -147,8 +158,44 @@ def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> S
             )
             if within:
                 message += ": it is within the tenant's nominal quota, so borrowers give it back (reclaim)"
-            return Shortfall(tenant, key, now, need, room, within, message)
+            return Shortfall(tenant, key, now, need, room, within, message, cohort, 1)
     return None
+
+
+def _tree_shortfall(
+    cluster: ClusterState,
+    tenant: str,
+    cohort: str,
+    key: str,
+    now: int,
+    need: int,
+    amount: int,
+    kept: int,
+    limit: int | None,
+) -> Shortfall | None:
+    """A tenant of a cohort with a parent: walk up the tree with what the demand adds (:func:`cohort_tree.blocked`).
+    O(depth)."""
+    adds = max(0, now + need - kept) - max(0, now - kept)
+    block = cohort_tree.blocked(cluster.cohort_specs, cluster.pools, cohort, key, adds)
+    if block is None:
+        return None
+    within = now + need <= amount
+    # Giving up `excess` of the demand is the least that fits the blocked level (each level passes on at most
+    # what it is given), so need - excess bounds the room from above.
+    excess = block.in_use + block.adds - block.limit
+    room = max(0, need - max(0, excess))
+    if limit is not None:
+        room = min(room, max(0, amount + limit - now))
+    where = "its own cohort" if block.depth == 1 else f"level {block.depth} of the tree above cohort {cohort!r}"
+    what = "its subtree's quota" if block.borrowing_limit is None else "its subtree's quota plus its borrowing limit"
+    message = (
+        f"tenant {tenant!r} runs {_amount(key, now)} (nominal {_amount(key, amount)}); cohort {block.cohort!r} "
+        f"({where}) may use {_amount(key, block.limit)} ({what}) and uses {_amount(key, block.in_use)}; this "
+        f"needs {_amount(key, need)}, {_amount(key, block.adds)} of it from cohort {block.cohort!r}"
+    )
+    if within:
+        message += ": it is within the tenant's nominal quota, so borrowers give it back (reclaim)"
+    return Shortfall(tenant, key, now, need, room, within, message, block.cohort, block.depth)
 
 
 def over_limit(cluster: ClusterState, tenant: str, quota: Quota) -> list[str]:
@@ -229,7 +276,7 @@ def reclaim_candidates(
     if cohort is None:
         return []
     borrowers = []
-    for member in cluster.cohorts.get(cohort, ()):
+    for member in tree_members(cluster, cohort):
         if member == tenant:
             continue
         peer = cluster.quotas[member]
@@ -321,9 +368,47 @@ def with_peers(cluster: ClusterState, tenants: set[str], *previous: Quota | None
         quota = cluster.quotas.get(tenant)
         if quota is not None and quota.cohort is not None:
             cohorts.add(quota.cohort)
-    for cohort in cohorts:
-        out.update(cluster.cohorts.get(cohort, ()))
+    for cohort in sorted(cohorts):
+        out.update(tree_members(cluster, cohort))
     return out
+
+
+def tree_members(cluster: ClusterState, cohort: str) -> list[str]:
+    """The tenants of every cohort in the tree of ``cohort`` (from its root down), sorted: whom its tenants borrow
+    from and lend to. Without a declared tree, the cohort's own members. O(cohorts of the tree + members)."""
+    specs = cluster.cohort_specs
+    if not specs:
+        return cluster.cohorts.get(cohort, [])
+    names = cohort_tree.subtree(specs, cluster.cohort_children, cohort_tree.root_of(specs, cohort))
+    if len(names) == 1:
+        return cluster.cohorts.get(cohort, [])
+    out: list[str] = []
+    for name in names:
+        out.extend(cluster.cohorts.get(name, ()))
+    return sorted(out)
+
+
+def tree_tenants(cluster: ClusterState, cohort: str) -> set[str]:
+    """:func:`tree_members` as a set."""
+    return set(tree_members(cluster, cohort))
+
+
+def describe_cohort(cluster: ClusterState, spec: CohortQuota) -> str:
+    """A cohort of the tree in words, for CohortChanged."""
+    parts = [f"cohort {spec.cohort!r}"]
+    parts.append("a root" if spec.parent is None else f"under {spec.parent!r}")
+    own = cohort_tree.own_nominal(spec)
+    if own:
+        parts.append("its own quota: " + ", ".join(_amount(key, amount) for key, amount in sorted(own.items())))
+    else:
+        parts.append("no quota of its own")
+    if spec.parent is not None:
+        borrow = "no limit" if spec.borrowing_limit_gpus is None else f"up to {spec.borrowing_limit_gpus} GPU(s)"
+        lend = "all of it" if spec.lending_limit_gpus is None else f"up to {spec.lending_limit_gpus} GPU(s)"
+        parts.append(f"borrows {borrow} from {spec.parent!r}, lends {lend}")
+    members = cluster.cohorts.get(spec.cohort, [])
+    parts.append(f"{len(members)} tenant(s)")
+    return "; ".join(parts)
 
 
 def dominant_share(cluster: ClusterState, tenant: str) -> float:
@@ -410,6 +495,10 @@ def quota_report(cluster: ClusterState) -> list[QuotaLine]:
             if quota.cohort is not None:
                 lend, in_use = pool(cluster, quota.cohort, key)
                 reach = use + max(0, lend - in_use)  # what it holds plus the pool's free room
+                if cluster.cohort_specs and cohort_tree.parent_of(cluster.cohort_specs, quota.cohort) is not None:
+                    kept = guaranteed(quota, key)  # a cohort with a parent: the room the tree leaves, up to the root
+                    room = cohort_tree.headroom(cluster.cohort_specs, cluster.pools, quota.cohort, key)
+                    reach = use + room + max(0, kept - use)
                 limit = borrowing_limit(quota, key)
                 may_hold = max(amount, reach if limit is None else min(reach, amount + limit))
                 pair = (quota.cohort, key)
@@ -426,4 +515,38 @@ def quota_report(cluster: ClusterState) -> list[QuotaLine]:
         pair = (line.cohort or "", line.key)
         if spare and unused.get(pair):
             line.lent = borrowed.get(pair, 0) * spare // unused[pair]
+    return lines
+
+
+@dataclass(slots=True)
+class CohortLine:
+    """One cohort of the tree on one quota key (GPU milli, CPU milli or MiB): its subtree quota, what it keeps
+    from its parent, what is in use of it, and the most it may use (its subtree quota, plus its borrowing limit
+    below a root; None: no limit of its own)."""
+
+    cohort: str
+    parent: str | None
+    depth: int  # 1: a root
+    key: str
+    subtree_quota: int
+    kept: int
+    in_use: int
+    may_use: int | None
+    tenants: list[str]
+
+
+def cohort_report(cluster: ClusterState) -> list[CohortLine]:
+    """Every cohort (named by a tenant or declared) per key of its pool, by cohort and key. O(cohorts · keys ·
+    depth)."""
+    lines: list[CohortLine] = []
+    specs = cluster.cohort_specs
+    for cohort, key in sorted(cluster.pools):
+        entry = cluster.pools[(cohort, key)]
+        spec = specs.get(cohort)
+        parent = spec.parent if spec is not None else None
+        limit = cohort_tree.borrowing_limit(spec, key)
+        may_use = entry.lent if parent is None else (None if limit is None else entry.lent + limit)
+        depth = len(cohort_tree.ancestors(specs, cohort))
+        members = list(cluster.cohorts.get(cohort, []))
+        lines.append(CohortLine(cohort, parent, depth, key, entry.lent, entry.kept, entry.in_use, may_use, members))
     return lines

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 
 from sortedcontainers import SortedList
 
-from processor.core import node_victims, preemption, preemption_plans, quota_keys, quotas
+from processor.core import cohort_tree, node_victims, preemption, preemption_plans, quota_keys, quotas
 from processor.core.policies.base import Choice, Policy
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod, lookup
@@ -55,7 +55,7 @@ class Borrowers:
         out: list[tuple[tuple[str, str], SortedList]] = []
         if cohort is None:
             return out
-        for peer in cluster.cohorts.get(cohort, ()):
+        for peer in quotas.tree_members(cluster, cohort):
             if peer == self.lender or not _borrows(cluster, peer, key):
                 continue
             quota = cluster.quotas[peer]
@@ -107,8 +107,10 @@ class Walker:
         self._cursors: dict[tuple[str, tuple[str, str]], Entry] = {}
         self._nodes: dict[tuple[str, str], list[tuple[Entry, Pod]]] = {}
 
-    def next_unit(self, key: str, node_id: str | None = None) -> preemption_plans.Unit | None:
-        """The first candidate's unit still to take, or None if there is none."""
+    def next_unit(self, key: str, node_id: str | None = None, level: str | None = None) -> preemption_plans.Unit | None:
+        """The first candidate's unit still to take, or None if there is none; with ``level`` (the cohort of the
+        tree that has no room), only a pod whose eviction lowers that cohort's use (its tenant is below it and
+        borrows beyond what the cohorts between keep). A candidate passed over is not taken later in the walk."""
         if node_id is not None:
             return self._next_on_node(key, node_id)
         borrowers = self.borrowers
@@ -125,7 +127,7 @@ class Walker:
             entry, handle = best
             self._cursors[(key, handle)] = entry
             pod = pods[entry[2]]
-            if borrowers.allowed(pod, key):
+            if borrowers.allowed(pod, key) and (level is None or _relieves(borrowers.cluster, pod, key, level)):
                 unit = borrowers.unit(pod)
                 if unit is not None:
                     return unit
@@ -157,7 +159,7 @@ def _node_candidates(borrowers: Borrowers, key: str, node_id: str) -> list[tuple
     """The node's pods that reclaim may take on the key now, last first (popped from the end)."""
     cluster = borrowers.cluster
     cohort = borrowers.quota.cohort
-    peers = {p for p in cluster.cohorts.get(cohort, ()) if p != borrowers.lender} if cohort is not None else set()
+    peers = {p for p in quotas.tree_members(cluster, cohort) if p != borrowers.lender} if cohort is not None else set()
     out = []
     for pod_id in cluster.nodes[node_id].pods:
         pod = lookup(cluster.pods, pod_id)
@@ -170,6 +172,21 @@ def _node_candidates(borrowers: Borrowers, key: str, node_id: str) -> list[tuple
             out.append(((pod.spec.priority, -(pod.started_at or 0), pod_id), pod))
     out.sort(reverse=True)
     return out
+
+
+def _relieves(cluster: ClusterState, pod: Pod, key: str, at: str) -> bool:
+    """Whether evicting a borrower's running pod lowers the use of cohort ``at`` on the key. Always, without a
+    declared tree (``at`` is the borrower's own cohort). O(depth)."""
+    if not cluster.cohort_specs or pod.node_id is None:
+        return True
+    quota = cluster.quotas[pod.spec.tenant]
+    if quota.cohort is None:
+        return False
+    amount = quota_keys.demand(quota, pod.spec, cluster.nodes[pod.node_id].gpu_model).get(key, 0)
+    held = quotas.used(cluster, pod.spec.tenant, quota, key)
+    kept = quota_keys.guaranteed(quota, key)
+    freed = max(0, held - kept) - max(0, held - amount - kept)
+    return cohort_tree.relief(cluster.cohort_specs, cluster.pools, quota.cohort, key, freed, at) > 0
 
 
 def _borrows(cluster: ClusterState, tenant: str, key: str) -> bool:
@@ -202,7 +219,7 @@ def reclaim_on_trial(
             return units
         if not shortfall.reclaimable:
             return None
-        unit = walker.next_unit(shortfall.key)
+        unit = walker.next_unit(shortfall.key, None, shortfall.cohort)
         if unit is None:
             return None
         for pod in unit.pods:

@@ -14,8 +14,9 @@ from typing import Protocol, TypeVar
 
 from sortedcontainers import SortedList
 
-from processor.core import quota_keys
+from processor.core import cohort_tree, quota_keys
 from processor.core.capacity import CapacityIndex
+from processor.core.cohort_tree import CohortPool
 from processor.core.errors import InvariantViolation
 from processor.core.node import NEVER_VICTIM as NEVER_VICTIM
 from processor.core.node import Node as Node
@@ -25,7 +26,13 @@ from processor.core.preemption_index import PreemptionIndex
 from processor.core.resources import NodeClass, PodShape
 from processor.core.timers import Timers
 from processor.core.typical import is_checkpoint, typical_key, typical_moved
-from schemas.commands import DEFAULT_MAX_CLOCK_JUMP_MS, DEFAULT_RESERVE_AFTER_MS, SKIP_AHEAD, Quota
+from schemas.commands import (
+    DEFAULT_MAX_CLOCK_JUMP_MS,
+    DEFAULT_RESERVE_AFTER_MS,
+    SKIP_AHEAD,
+    CohortQuota,
+    Quota,
+)
 from schemas.events import DisruptionBudgetSet, GangSpec, GpuShare, PodSpec
 from schemas.fragmentation import Typical, TypicalKey, derive_typical
 
@@ -166,15 +173,6 @@ class Reservation:
 
 
 @dataclass(slots=True)
-class CohortPool:
-    """What the members of a cohort lend on one quota key, and how much of it is in use: the sum of each
-    member's use beyond what it keeps for itself."""
-
-    lent: int = 0
-    in_use: int = 0
-
-
-@dataclass(slots=True)
 class Halt:
     """Why a cluster is halted: the command whose fold raised (and its offset), and the error."""
 
@@ -234,6 +232,9 @@ class ClusterState:
     # are not failed (for dominant shares), and the nodes that run pods of each priority.
     usage: dict[str, TenantUsage] = field(default_factory=dict)
     cohorts: dict[str, list[str]] = field(default_factory=dict)
+    # The cohort tree (SetCohort, contract v4), by cohort; and, derived, each parent's child cohorts (sorted).
+    cohort_specs: dict[str, CohortQuota] = field(default_factory=dict)
+    cohort_children: dict[str, list[str]] = field(default_factory=dict)
     cpu_capacity: int = 0
     memory_capacity: int = 0
     priority_nodes: dict[int, dict[str, int]] = field(default_factory=dict)
@@ -296,7 +297,11 @@ class ClusterState:
                     continue
                 kept = limits[key].kept
                 held = quota_keys.usage_on(usage, quota, key)
-                pools[(cohort, key)].in_use += max(0, held + sign * amount - kept) - max(0, held - kept)
+                pool = pools[(cohort, key)]
+                before = pool.in_use
+                pool.in_use += max(0, held + sign * amount - kept) - max(0, held - kept)
+                if self.cohort_specs:
+                    cohort_tree.lift(self.cohort_specs, pools, cohort, key, before)
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
@@ -386,23 +391,10 @@ class ClusterState:
                 members.sort()
         self.rebuild_pools()
 
-    @staticmethod
-    def _over(usage: TenantUsage | None, quota: Quota, key: str) -> int:
-        """A member's use of its cohort's pool on a key: what it holds beyond what it keeps."""
-        return max(0, quota_keys.usage_on(usage, quota, key) - quota_keys.guaranteed(quota, key))
-
     def rebuild_pools(self) -> None:
-        """Every cohort's pools from the quotas and usage. O(members · keys); on quota changes only."""
-        self.pools = {}
-        for cohort in sorted(self.cohorts):
-            for member in self.cohorts[cohort]:
-                quota = self.quotas[member]
-                for key in quota_keys.limited_keys(quota):
-                    entry = self.pools.get((cohort, key))
-                    if entry is None:
-                        entry = self.pools[(cohort, key)] = CohortPool()
-                    entry.lent += quota_keys.lendable(quota, key)
-                    entry.in_use += self._over(self.usage.get(member), quota, key)
+        """Every cohort's pools from the cohort tree, the quotas and usage (:func:`cohort_tree.build_pools`).
+        O(members · keys + cohorts · depth); on quota and cohort changes only."""
+        self.pools = cohort_tree.build_pools(self.cohort_specs, self.cohorts, self.quotas, self.usage)
 
     @property
     def quotas_on(self) -> bool:

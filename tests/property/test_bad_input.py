@@ -38,11 +38,13 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveCohort,
     RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
     Retry,
+    SetCohort,
     SetPolicy,
     SetQuota,
     SubmitGang,
@@ -326,6 +328,10 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ("uncordon a schedulable node", UncordonNode("n2"), RejectionCode.NODE_NOT_CORDONED),
     ("recover a node that has not failed", RecoverNode("n2"), RejectionCode.NODE_NOT_FAILED),
     ("remove a budget that is not set", RemoveDisruptionBudget("b9"), RejectionCode.UNKNOWN_BUDGET),
+    ("cohort that is its own parent", SetCohort("c9", parent="c9"), RejectionCode.COHORT_CYCLE),
+    ("root cohort with a lending limit", SetCohort("c9", lending_limit_gpus=1), RejectionCode.INVALID_COMMAND),
+    ("cohort with negative GPUs", SetCohort("c9", nominal_gpus={"A100": -1}), RejectionCode.INVALID_RESOURCES),
+    ("remove a cohort never declared", RemoveCohort("c9"), RejectionCode.UNKNOWN_COHORT),
     # gangs, time and dependencies (issue 10)
     ("gang with no members", SubmitGang("g9"), RejectionCode.INVALID_COMMAND),
     ("gang with a member listed twice", SubmitGang("g9", members=(MEMBER, MEMBER)), RejectionCode.DUPLICATE_POD),
@@ -470,5 +476,7 @@ def test_every_rejection_code_is_covered_by_the_corpus() -> None:
         RejectionCode.TIME_OUT_OF_RANGE,
         RejectionCode.CLOCK_JUMP,
         RejectionCode.CLUSTER_HALTED,
+        RejectionCode.COHORT_TOO_DEEP,  # a tree of 8 cohorts: tests/unit/test_fold_cohorts.py
+        RejectionCode.COHORT_IN_USE,  # a cohort with children: tests/unit/test_fold_cohorts.py
     }
     assert covered == set(RejectionCode.ALL)

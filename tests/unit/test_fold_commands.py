@@ -20,10 +20,12 @@ from schemas.commands import (
     RecoverNode,
     Release,
     ReleaseGang,
+    RemoveCohort,
     RemoveDisruptionBudget,
     RemoveNode,
     RemoveQuota,
     ResumeCluster,
+    SetCohort,
     SetPolicy,
     SubmitGang,
     SubmitPod,
@@ -117,6 +119,8 @@ REJECTIONS = [
     ("NOT_HALTED", ResumeCluster(), None, RejectionCode.NOT_HALTED),
     ("NODE_NOT_FAILED", RecoverNode("n2"), None, RejectionCode.NODE_NOT_FAILED),
     ("UNKNOWN_BUDGET", RemoveDisruptionBudget("nope"), None, RejectionCode.UNKNOWN_BUDGET),
+    ("COHORT_CYCLE", SetCohort("c1", parent="c1"), None, RejectionCode.COHORT_CYCLE),
+    ("UNKNOWN_COHORT", RemoveCohort("c1"), None, RejectionCode.UNKNOWN_COHORT),
 ]
 
 
@@ -149,13 +153,16 @@ def test_issued_at_past_the_contract_range_is_time_out_of_range() -> None:
 
 def test_rejection_table_covers_every_code() -> None:
     """The table above has one case per RejectionCode (TIME_OUT_OF_RANGE has its own test, it needs a time; so does
-    CLOCK_JUMP, in test_fold_clock.py, CLUSTER_HALTED needs a halted cluster, in test_fold_halting.py, and
-    NODE_DRAINING a drain that waits, in test_fold_disruptions.py)."""
+    CLOCK_JUMP, in test_fold_clock.py, CLUSTER_HALTED needs a halted cluster, in test_fold_halting.py,
+    NODE_DRAINING a drain that waits, in test_fold_disruptions.py, COHORT_TOO_DEEP and COHORT_IN_USE a cohort
+    tree, in test_fold_cohorts.py)."""
     codes = [code for *_, code in REJECTIONS] + [
         RejectionCode.TIME_OUT_OF_RANGE,
         RejectionCode.CLOCK_JUMP,
         RejectionCode.CLUSTER_HALTED,
         RejectionCode.NODE_DRAINING,
+        RejectionCode.COHORT_TOO_DEEP,
+        RejectionCode.COHORT_IN_USE,
     ]
     assert sorted(codes) == sorted(RejectionCode.ALL)
 

@@ -1,4 +1,5 @@
-"""A cluster's settings and its tenants' quotas: ``SetPolicy``, ``SetQuota``, ``RemoveQuota``.
+"""A cluster's settings, its tenants' quotas and the cohort tree: ``SetPolicy``, ``SetQuota``, ``RemoveQuota``,
+``SetCohort``, ``RemoveCohort``.
 
 A change that lets queued work start (more quota, a cohort that lends more, leaving strict FIFO)
 leaves the queue to retry that work on the whole cluster.
@@ -6,13 +7,21 @@ leaves the queue to retry that work on the whole cluster.
 
 from __future__ import annotations
 
-from processor.core import quotas
+from processor.core import cohort_tree, quotas
 from processor.core.decision import RETRY_QUEUE, Decision, Task
 from processor.core.state import ClusterState
 from schemas.codes import Rejected, RejectionCode
-from schemas.commands import STRICT_FIFO, RemoveQuota, SetPolicy, SetQuota
-from schemas.events import PolicyChanged, QuotaChanged
-from schemas.validation import check_remove_quota, check_set_policy, check_set_quota
+from schemas.commands import (
+    MAX_COHORT_DEPTH,
+    STRICT_FIFO,
+    RemoveCohort,
+    RemoveQuota,
+    SetCohort,
+    SetPolicy,
+    SetQuota,
+)
+from schemas.events import CohortChanged, PolicyChanged, QuotaChanged
+from schemas.validation import check_id, check_remove_quota, check_set_cohort, check_set_policy, check_set_quota
 
 
 def set_policy(decision: Decision, command: SetPolicy) -> Task:
@@ -98,3 +107,65 @@ def remove_quota(decision: Decision, command: RemoveQuota) -> None:
         )
     )
     decision.then(RETRY_QUEUE, cluster, (), quotas.with_peers(cluster, {command.tenant}, previous))
+
+
+def set_cohort(decision: Decision, command: SetCohort) -> None:
+    """Declare or change a cohort of the tree. Its parent may be a cohort nobody declared (a root with nothing
+    of its own, as a tenant's cohort is). Refused: a parent that is the cohort or below it (COHORT_CYCLE), a path
+    from a root down longer than MAX_COHORT_DEPTH cohorts (COHORT_TOO_DEEP). Lowering a cohort's quota evicts
+    nothing: new work waits, as when a tenant's quota is lowered."""
+    check_set_cohort(command)
+    cluster = decision.cluster
+    spec = command.spec()
+    specs = cluster.cohort_specs
+    above: list[str] = []
+    if spec.parent is not None:
+        above = cohort_tree.ancestors(specs, spec.parent)
+        if command.cohort in above:
+            path = " -> ".join(reversed(above[: above.index(command.cohort) + 1]))
+            raise Rejected(
+                RejectionCode.COHORT_CYCLE,
+                f"cohort {command.cohort!r} cannot have parent {spec.parent!r}: {spec.parent!r} is below it "
+                f"({path}), so the tree would have a cycle",
+            )
+    below = cohort_tree.height(cluster.cohort_children, command.cohort, MAX_COHORT_DEPTH)
+    if len(above) + below > MAX_COHORT_DEPTH:
+        raise Rejected(
+            RejectionCode.COHORT_TOO_DEEP,
+            f"cohort {command.cohort!r} under {spec.parent!r} would make a path of {len(above) + below} cohorts "
+            f"from a root down; at most {MAX_COHORT_DEPTH}",
+        )
+    previous = specs.get(command.cohort)
+    before = quotas.tree_tenants(cluster, command.cohort)
+    decision.emit(CohortChanged(command.cohort, spec, previous, quotas.describe_cohort(cluster, spec)))
+    cluster = decision.cluster
+    before.update(quotas.tree_tenants(cluster, command.cohort))
+    decision.then(RETRY_QUEUE, cluster, (), before)
+
+
+def remove_cohort(decision: Decision, command: RemoveCohort) -> None:
+    """Forget a cohort's declaration: its own quota, its parent and its limits. Refused while cohorts name it as
+    their parent (COHORT_IN_USE: move or remove them first). Its tenants stay in it, a flat cohort of what they
+    lend; nothing is evicted."""
+    check_id("cohort", command.cohort)
+    cluster = decision.cluster
+    previous = cluster.cohort_specs.get(command.cohort)
+    if previous is None:
+        raise Rejected(
+            RejectionCode.UNKNOWN_COHORT,
+            f"cohort {command.cohort!r} was not declared (SetCohort) in cluster {decision.command.cluster!r}",
+        )
+    children = cluster.cohort_children.get(command.cohort, [])
+    if children:
+        raise Rejected(
+            RejectionCode.COHORT_IN_USE,
+            f"cohort {command.cohort!r} is the parent of {', '.join(repr(c) for c in children)}: move or remove "
+            "them first",
+        )
+    affected = quotas.tree_tenants(cluster, command.cohort)
+    members = len(cluster.cohorts.get(command.cohort, ()))
+    message = f"cohort {command.cohort!r} removed" + (
+        f"; its {members} tenant(s) stay in it as a flat cohort of what they lend" if members else ""
+    )
+    decision.emit(CohortChanged(command.cohort, None, previous, message))
+    decision.then(RETRY_QUEUE, decision.cluster, (), affected)

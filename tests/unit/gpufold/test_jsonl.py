@@ -160,8 +160,8 @@ def test_bytes_become_base64_in_json() -> None:
 
 def test_command_types_lists_the_payload_union() -> None:
     """The command types a JSON line may use are the branches of the schema's payload union."""
-    assert command_types()[0] == "AddNode" and "SetPolicy" in command_types() and len(command_types()) == 20
-    assert command_types()[12:20] == [
+    assert command_types()[0] == "AddNode" and "SetPolicy" in command_types() and len(command_types()) == 22
+    assert command_types()[12:22] == [
         "SetQuota",
         "RemoveQuota",
         "Defragment",
@@ -170,4 +170,6 @@ def test_command_types_lists_the_payload_union() -> None:
         "UpdateNode",
         "SetDisruptionBudget",
         "RemoveDisruptionBudget",
+        "SetCohort",
+        "RemoveCohort",
     ]
