@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from processor.core import cohort_tree
 from processor.core.budgets import is_disruption
 from processor.core.errors import InvariantViolation
 from processor.core.state import (
@@ -618,7 +619,13 @@ def _applied_quota_changed(state: PartitionState, cluster: ClusterState, event: 
 
 
 def _applied_cohort_changed(state: PartitionState, cluster: ClusterState, event: CohortChanged, now: int) -> None:
-    cluster.set_cohort(event.cohort, event.spec)
+    """A cohort of the tree declared, changed (a spec) or forgotten (None): the children and pools follow."""
+    if event.spec is None:
+        cluster.cohort_specs.pop(event.cohort, None)
+    else:
+        cluster.cohort_specs[event.cohort] = event.spec
+    cluster.cohort_children = cohort_tree.children_of(cluster.cohort_specs)
+    cluster.rebuild_pools()
 
 
 def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: PodMigrated, now: int) -> None:

@@ -21,7 +21,7 @@ from processor.core.policies.base import Choice, Policy
 from processor.core.preemption import plan_pod
 from processor.core.preemption_plans import ANY_VICTIM, GangPlan, PodPlan, Trial, Unit, Victims, cost_of
 from processor.core.resources import PodShape
-from processor.core.state import ClusterState, lookup, shape_of
+from processor.core.state import ClusterState, Node, lookup, shape_of
 from schemas.events import GangSpec, PodSpec
 
 
@@ -78,6 +78,7 @@ def _gang_in(
             groups = cluster.index.feasible_in(shape, key, value)
             if groups:
                 choice = policy.place(cluster, shape, groups)
+                trial.allocate(member, choice)
             else:
                 if search is None:
                     plan = plan_pod(cluster, shape, spec.priority, now, None, allowed)
@@ -87,16 +88,20 @@ def _gang_in(
                     if len(placed) + len(members) - position - 1 < spec.min_members:
                         return None
                     continue
+                changed: dict[str, Node] = {}  # reindexed once each, after the member takes its place
                 for unit in plan.units:
                     if unit.key not in units:
                         units[unit.key] = unit
                         for pod in unit.pods:
                             if search is not None:
                                 search.touch(pod.node_id)  # type: ignore[arg-type]
-                            trial.evict(pod)
+                            evicted_on = trial.evict(pod, reindex=False)
+                            changed[evicted_on.node_id] = evicted_on
                 node = cluster.nodes[plan.node_id]
                 choice = Choice(plan.node_id, policy.choose_gpus(node, shape), {})
-            trial.allocate(member, choice)
+                changed[node.node_id] = trial.allocate(member, choice, reindex=False)
+                for changed_node in changed.values():
+                    cluster.reindex(changed_node)
             if search is not None:
                 search.touch(choice.node_id)
             placed.append((member, choice))

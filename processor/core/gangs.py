@@ -101,8 +101,8 @@ def describe(spec: PodSpec) -> str:
 
 def never_fits(cluster: ClusterState, spec: GangSpec) -> str | None:
     """Why some member could never run on any node present (empty, of any model), or None. O(C · M) for
-    C distinct node capacities and M distinct member shapes."""
-    capacities = cluster.capacities
+    C distinct node capacities (for a member with a node selector: those with its rarest label) and M distinct
+    member shapes."""
     seen: set[PodShape] = set()
     for member in spec.members:
         shape = shape_of(member)
@@ -111,7 +111,7 @@ def never_fits(cluster: ClusterState, spec: GangSpec) -> str | None:
         seen.add(shape)
         whole = shape.gpu_milli >= GPU_MILLI
         fits = False
-        for model, node_class, gpu_count, cpu, memory in capacities:
+        for model, node_class, gpu_count, cpu, memory in cluster.capacities_for(shape.node_selector):
             if shape.gpu_models and model not in shape.gpu_models:
                 continue
             if shape.num_gpu and gpu_count < (shape.num_gpu if whole else 1):

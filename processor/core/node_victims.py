@@ -123,9 +123,10 @@ def best_on_node(
     need_cpu = shape.cpu_milli - node.cpu_free
     need_memory = shape.memory_mib - node.memory_free
     need_gpu = gpu_deficit(node.gpu_free, shape)
-    by_cpu = sorted((c[0] for c in contributions), reverse=True)
-    by_memory = sorted((c[1] for c in contributions), reverse=True)
-    by_gpu = sorted((sum(m for _, m in c[2]) for c in contributions), reverse=True)
+    # What the units free at most, largest first, for the resources the node lacks (none: no bound to read).
+    by_cpu = sorted((c[0] for c in contributions), reverse=True) if need_cpu > 0 else []
+    by_memory = sorted((c[1] for c in contributions), reverse=True) if need_memory > 0 else []
+    by_gpu = sorted((sum(m for _, m in c[2]) for c in contributions), reverse=True) if need_gpu > 0 else []
     counts = [unit.count for unit in ordered]
     works = [unit.work for unit in ordered]
     best: tuple[tuple[int, int], tuple[str, ...], list[Unit]] | None = None
@@ -134,14 +135,21 @@ def best_on_node(
         bound = best[0] if best is not None else beat
         if bound is not None and size > bound[0]:
             break
-        if sum(by_cpu[:size]) < need_cpu or sum(by_memory[:size]) < need_memory or sum(by_gpu[:size]) < need_gpu:
+        if (
+            (need_cpu > 0 and sum(by_cpu[:size]) < need_cpu)
+            or (need_memory > 0 and sum(by_memory[:size]) < need_memory)
+            or (need_gpu > 0 and sum(by_gpu[:size]) < need_gpu)
+        ):
             continue
         for chosen in combinations(range(len(ordered)), size):
             budget -= 1
             if budget < 0:
                 break
-            count = sum(counts[i] for i in chosen)
-            work = sum(works[i] for i in chosen)
+            if size == 1:
+                count, work = counts[chosen[0]], works[chosen[0]]
+            else:
+                count = sum(counts[i] for i in chosen)
+                work = sum(works[i] for i in chosen)
             if beat is not None and (count, work) >= beat:
                 continue
             if best is not None and (count, work) > best[0]:
@@ -300,9 +308,10 @@ def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int,
 def could_hold_somewhere(cluster: ClusterState, shape: PodShape) -> bool:
     """Whether some node present could hold the shape once emptied: :func:`could_hold` on each distinct fixed
     capacity (model, node class without a reservation's taint, GPUs, CPU, memory), schedulability aside: a
-    superset of the nodes :func:`could_hold` admits. O(C) for C distinct capacities, whatever the nodes."""
+    superset of the nodes :func:`could_hold` admits. O(C) for C distinct capacities, whatever the nodes (a pod
+    with a node selector: those with its rarest label)."""
     whole = shape.gpu_milli >= GPU_MILLI
-    for model, node_class, gpu_count, cpu, memory in cluster.capacities:
+    for model, node_class, gpu_count, cpu, memory in cluster.capacities_for(shape.node_selector):
         if shape.gpu_models and model not in shape.gpu_models:
             continue
         if shape.num_gpu and gpu_count < (shape.num_gpu if whole else 1):

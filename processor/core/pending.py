@@ -8,7 +8,7 @@ skipped as a whole, so a big pod never blocks smaller ones behind it and the wor
 retry is bounded by the number of distinct groups waiting, not the queue length.
 
 Complexity: ``push``/``remove`` O(log q_s) (q_s = pods of that shape);
-``heads`` O(Q) for Q distinct shapes waiting.
+``heads`` O(Q) for Q distinct shapes waiting; ``waits_with`` (a preemption setting) O(1).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ PodShape = Any  # the group a pod waits in: ``processor.core.state.QueueGroup`` 
 
 
 class PendingQueue:
-    __slots__ = ("_by_shape", "_heads", "size", "version")
+    __slots__ = ("_by_shape", "_heads", "_settings", "size", "version")
 
     def __init__(self) -> None:
         self._by_shape: dict[PodShape, SortedList] = {}
@@ -31,6 +31,9 @@ class PendingQueue:
         # with the pod id), so entries never compare shapes. A plain list kept sorted with bisect: it
         # holds one entry per waiting shape (tens to hundreds), where insort's memmove beats a tree.
         self._heads: list[tuple[QueueKey, PodShape]] = []
+        # Waiting groups per preemption setting (a group's second field): whether a group of some setting waits
+        # is O(1), not a pass over the groups (a storm of releases asks it once per release).
+        self._settings: dict[Any, int] = {}
         self.size = 0
         self.version = 0  # moves with every push and remove: what was read of the queue is still true while it stays
 
@@ -39,6 +42,8 @@ class PendingQueue:
         pods = self._by_shape.get(shape)
         if pods is None:
             pods = self._by_shape[shape] = SortedList()
+            setting = shape[1]
+            self._settings[setting] = self._settings.get(setting, 0) + 1
         elif key < pods[0]:
             self._drop_head(pods[0], shape)
         else:
@@ -61,6 +66,12 @@ class PendingQueue:
                 bisect.insort(self._heads, (pods[0], shape))
         if not pods:
             del self._by_shape[shape]
+            setting = shape[1]
+            left = self._settings[setting] - 1
+            if left:
+                self._settings[setting] = left
+            else:
+                del self._settings[setting]
 
     def _drop_head(self, key: QueueKey, shape: PodShape) -> None:
         del self._heads[bisect.bisect_left(self._heads, (key, shape))]
@@ -77,6 +88,10 @@ class PendingQueue:
     def head(self, shape: PodShape) -> QueueKey | None:
         pods = self._by_shape.get(shape)
         return pods[0] if pods else None
+
+    def waits_with(self, setting: Any) -> bool:
+        """Whether some group with this preemption setting waits. O(1)."""
+        return setting in self._settings
 
     def heads(self) -> list[tuple[QueueKey, PodShape]]:
         """Each waiting shape with its first pod, unordered (callers sort or heapify)."""

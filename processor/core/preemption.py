@@ -104,10 +104,10 @@ def _pending_to_file(
 ) -> list[str]:
     """Pending nodes whose lower bound (victim level, victims, work lost) is at most ``beat`` (any if None),
     at most ``limit``, least bound first. A bucket's nodes are sorted by latest start, latest first, so by
-    their bound: O(B + limit · log) for B buckets."""
+    their bound: O(B + limit · log) for B buckets (a pod with a node selector: those of its rarest label)."""
     nodes = cluster.nodes
     tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
-    for key, bucket in cluster.preemptible.pending.items():
+    for key, bucket in cluster.preemptible.buckets(shape.node_selector):
         _model, _node_class, _cpu, _memory, _gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
         if level >= priority or (beat is not None and level > beat[0]):
             continue

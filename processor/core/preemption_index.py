@@ -211,7 +211,17 @@ made (tests set it low to cover that path on small clusters)."""
 class PreemptionIndex:
     """Schedulable nodes that run pods, by class, or pending in buckets (see the module docstring)."""
 
-    __slots__ = ("_filed", "_marked", "_pending_of", "_shared", "classes", "dirty", "eager_after", "pending")
+    __slots__ = (
+        "_filed",
+        "_marked",
+        "_pending_of",
+        "_shared",
+        "by_label",
+        "classes",
+        "dirty",
+        "eager_after",
+        "pending",
+    )
 
     def __init__(self) -> None:
         self.classes: dict[ClassKey, VictimClass] = {}
@@ -223,6 +233,9 @@ class PreemptionIndex:
         # Nodes not filed in a class yet, by bucket; node id -> its bucket
         self.pending: dict[PendingKey, PendingBucket] = {}
         self._pending_of: dict[str, PendingKey] = {}
+        # Label (key, value) -> the pending buckets whose node class has it, in ``pending``'s order: a search
+        # for a pod with a node selector reads the buckets of its rarest label, not every bucket.
+        self.by_label: dict[tuple[str, str], dict[PendingKey, None]] = {}
         self._shared = False  # classes, _filed and pending belong to the index this one was forked from
 
     def fork(self) -> PreemptionIndex:
@@ -236,11 +249,12 @@ class PreemptionIndex:
         return twin
 
     def _share(self, other: PreemptionIndex) -> None:
-        self.classes, self._filed, self.pending, self._pending_of = (
+        self.classes, self._filed, self.pending, self._pending_of, self.by_label = (
             other.classes,
             other._filed,
             other.pending,
             other._pending_of,
+            other.by_label,
         )
         self._shared = True
 
@@ -266,7 +280,44 @@ class PreemptionIndex:
             self._filed = dict(self._filed)
             self.pending = {key: bucket.copied() for key, bucket in self.pending.items()}
             self._pending_of = dict(self._pending_of)
+            self.by_label = {pair: dict(keys) for pair, keys in self.by_label.items()}
             self._shared = False
+
+    def buckets(self, selector: tuple[tuple[str, str], ...]) -> list[tuple[PendingKey, PendingBucket]]:
+        """The pending buckets whose nodes may match a node selector, in ``pending``'s order: all of them for no
+        selector, else those carrying its rarest label. O(B) for the B buckets returned."""
+        pending = self.pending
+        if not selector:
+            return list(pending.items())
+        by_label = self.by_label
+        rarest: dict[PendingKey, None] | None = None
+        for pair in selector:
+            keys = by_label.get(pair)
+            if keys is None:
+                return []
+            if rarest is None or len(keys) < len(rarest):
+                rarest = keys
+        return [(key, pending[key]) for key in rarest] if rarest is not None else []
+
+    def _new_bucket(self, key: PendingKey) -> PendingBucket:
+        bucket = self.pending[key] = PendingBucket()
+        by_label = self.by_label
+        for pair in key[1][0]:
+            keys = by_label.get(pair)
+            if keys is None:
+                by_label[pair] = {key: None}
+            else:
+                keys[key] = None
+        return bucket
+
+    def _drop_bucket(self, key: PendingKey) -> None:
+        del self.pending[key]
+        by_label = self.by_label
+        for pair in key[1][0]:
+            keys = by_label[pair]
+            del keys[key]
+            if not keys:
+                del by_label[pair]
 
     def _pend(self, node_id: str, nodes: Mapping[str, Node]) -> None:
         """One node out of its class or bucket and, if it runs pods and is schedulable, into its pending
@@ -277,7 +328,7 @@ class PreemptionIndex:
             bucket = pending[was]
             bucket.remove(node_id)
             if not bucket.members:
-                del pending[was]
+                self._drop_bucket(was)
         elif node_id in self._filed:
             self._unfile(node_id)
         node = nodes.get(node_id)
@@ -287,7 +338,7 @@ class PreemptionIndex:
         self._pending_of[node_id] = key
         bucket = pending.get(key)  # type: ignore[assignment]
         if bucket is None:
-            bucket = pending[key] = PendingBucket()
+            bucket = self._new_bucket(key)
         bucket.add_one(node_id, -latest)
 
     def refresh(self, nodes: Mapping[str, Node]) -> None:
@@ -305,7 +356,7 @@ class PreemptionIndex:
                 bucket = pending[was]
                 bucket.remove(node_id)
                 if not bucket.members:
-                    del pending[was]
+                    self._drop_bucket(was)
             elif node_id in filed:
                 self._unfile(node_id)
             node = node_of(node_id)
@@ -323,7 +374,7 @@ class PreemptionIndex:
         for key, members in added.items():
             bucket = pending.get(key)  # type: ignore[assignment]
             if bucket is None:
-                bucket = pending[key] = PendingBucket()
+                bucket = self._new_bucket(key)
             bucket.add(members)
         self.dirty.clear()
         self._marked.clear()
@@ -337,7 +388,7 @@ class PreemptionIndex:
             bucket = pending[key]
             bucket.remove(node_id)
             if not bucket.members:
-                del pending[key]
+                self._drop_bucket(key)
             self._file(nodes[node_id])
 
     def _file(self, node: Node) -> None:

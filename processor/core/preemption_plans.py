@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from processor.core import gangs, quotas
 from processor.core.policies.base import Choice
-from processor.core.state import ClusterState, Pod
+from processor.core.state import ClusterState, Node, Pod
 from schemas.commands import BORROW_LOWER, DISRUPT_ABOVE_MIN, PREEMPT_LOWER_OR_NEWER
 from schemas.events import GangSpec, PodSpec
 
@@ -182,29 +182,41 @@ class Trial:
     evicted: list[Pod] = field(default_factory=list)
     allocated: list[tuple[PodSpec, Choice]] = field(default_factory=list)
 
-    def evict(self, pod: Pod) -> None:
+    def evict(self, pod: Pod, reindex: bool = True) -> Node:
+        """Free the pod on trial. ``reindex=False``: the caller reindexes its node before the next search
+        (once for several changes on one node); the node is returned for that."""
         node = self.cluster.nodes[pod.node_id]  # type: ignore[index]
         node.free(pod.spec, pod.gpus)
-        self.cluster.reindex(node)
+        if reindex:
+            self.cluster.reindex(node)
         self.cluster.charge(pod, node, -1)
         self.evicted.append(pod)
+        return node
 
-    def allocate(self, spec: PodSpec, choice: Choice) -> None:
+    def allocate(self, spec: PodSpec, choice: Choice, reindex: bool = True) -> Node:
+        """Take the pod's resources on trial (``reindex=False``: as :meth:`evict`)."""
         node = self.cluster.nodes[choice.node_id]
         node.allocate(spec, choice.gpus)
-        self.cluster.reindex(node)
+        if reindex:
+            self.cluster.reindex(node)
         self.allocated.append((spec, choice))
+        return node
 
     def rollback(self) -> None:
+        """Undo every change, then reindex each node changed once (nothing reads the index in between), in
+        the order the undo first met them. O(changes)."""
         cluster = self.cluster
+        changed: dict[str, Node] = {}
         for spec, choice in reversed(self.allocated):
             node = cluster.nodes[choice.node_id]
             node.free(spec, choice.gpus)
-            cluster.reindex(node)
+            changed[node.node_id] = node
         for pod in reversed(self.evicted):
             node = cluster.nodes[pod.node_id]  # type: ignore[index]
             node.allocate(pod.spec, pod.gpus, pod.started_at)
-            cluster.reindex(node)
+            changed[node.node_id] = node
             cluster.charge(pod, node, +1)
+        for node in changed.values():
+            cluster.reindex(node)
         self.allocated.clear()
         self.evicted.clear()

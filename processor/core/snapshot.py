@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 from collections import OrderedDict
 
+from processor.core import cohort_tree
 from processor.core.state import (
     GANG_QUEUED,
     GANG_RETRYING,
@@ -205,8 +206,9 @@ def from_snapshot(snapshot: Snapshot) -> PartitionState:
             else Halt(data.halted.command_id, data.halted.offset, data.halted.error, data.halted.refused),
         )
         cluster.ended = OrderedDict((job.job_id, job.ok) for job in data.ended)
-        for spec in data.cohorts:  # before the quotas: their pools are built on the tree
-            cluster.set_cohort(spec.cohort, spec)
+        cluster.cohort_specs = {spec.cohort: spec for spec in data.cohorts}  # before the quotas: pools need it
+        cluster.cohort_children = cohort_tree.children_of(cluster.cohort_specs)
+        cluster.rebuild_pools()
         for entry in data.quotas:
             cluster.set_quota(entry.tenant, entry.quota)
         cluster.default_quota = data.default_quota

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import bisect
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -418,6 +418,11 @@ class ClusterState:
     # Node label keys present (any node) -> node count; fixed node capacities -> node count (derived).
     label_keys: dict[str, int] = field(default_factory=dict)
     capacities: dict[tuple[str, NodeClass, int, int, int], int] = field(default_factory=dict)
+    # Label (key, value) -> the fixed capacities whose labels have it -> node count (derived): a pod with a node
+    # selector reads its rarest label's capacities, not every one.
+    capacities_by_label: dict[tuple[str, str], dict[tuple[str, NodeClass, int, int, int], int]] = field(
+        default_factory=dict
+    )
     # Quotas (SetQuota, by tenant) and the default quota of tenants without one (SetPolicy).
     quotas: dict[str, Quota] = field(default_factory=dict)
     default_quota: Quota | None = None
@@ -589,15 +594,6 @@ class ClusterState:
         O(members · keys + cohorts · depth); on quota and cohort changes only."""
         self.pools = cohort_tree.build_pools(self.cohort_specs, self.cohorts, self.quotas, self.usage)
 
-    def set_cohort(self, cohort: str, spec: CohortQuota | None) -> None:
-        """Declare, change (a spec) or forget (None) a cohort of the tree, and rebuild the pools. O(C log C)."""
-        if spec is None:
-            self.cohort_specs.pop(cohort, None)
-        else:
-            self.cohort_specs[cohort] = spec
-        self.cohort_children = cohort_tree.children_of(self.cohort_specs)
-        self.rebuild_pools()
-
     @property
     def quotas_on(self) -> bool:
         """Whether any quota applies: only then do admission checks and fair-share ordering act."""
@@ -661,6 +657,32 @@ class ClusterState:
             self.capacities[capacity] = count
         else:
             self.capacities.pop(capacity, None)
+        by_label = self.capacities_by_label
+        for pair in node.base_class[0]:
+            counts = by_label.get(pair)
+            if counts is None:
+                counts = by_label[pair] = {}
+            if count > 0:
+                counts[capacity] = count
+            else:
+                counts.pop(capacity, None)
+                if not counts:
+                    del by_label[pair]
+
+    def capacities_for(self, selector: tuple[tuple[str, str], ...]) -> Iterable[tuple[str, NodeClass, int, int, int]]:
+        """The fixed capacities whose labels may match a node selector: every one for no selector, else those
+        carrying its rarest label. O(1) to choose; the caller reads only those."""
+        if not selector:
+            return self.capacities
+        by_label = self.capacities_by_label
+        rarest: dict[tuple[str, NodeClass, int, int, int], int] | None = None
+        for pair in selector:
+            counts = by_label.get(pair)
+            if counts is None:
+                return ()
+            if rarest is None or len(counts) < len(rarest):
+                rarest = counts
+        return rarest if rarest is not None else ()
 
     def job_exists(self, job_id: str) -> bool:
         """Whether a present pod or gang (any state) has this id."""

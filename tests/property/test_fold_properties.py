@@ -120,6 +120,10 @@ def check_indexes(cluster: ClusterState) -> None:
             expected_queue.setdefault(pod.group, []).append(pod.queue_key)
     assert cluster.queue.content() == expected_queue
     assert len(cluster.queue) == sum(len(keys) for keys in expected_queue.values())
+    settings: dict[object, int] = {}  # waiting groups per preemption setting
+    for group in expected_queue:
+        settings[group[1]] = settings.get(group[1], 0) + 1  # type: ignore[index]
+    assert cluster.queue._settings == settings
     models: dict[str, int] = {}
     for node in cluster.nodes.values():
         models[node.gpu_model] = models.get(node.gpu_model, 0) + 1
@@ -146,6 +150,16 @@ def check_indexes(cluster: ClusterState) -> None:
     for bucket in preemptible.pending.values():  # the sorted view kept beside the dict
         assert bucket.ordered() == sorted((minus_latest, node_id) for node_id, minus_latest in bucket.members.items())
     assert pending == {node_id: pending_entry(cluster.nodes[node_id]) for node_id in pending}
+    by_label: dict[tuple[str, str], list[object]] = {}  # the label index of the buckets, in the buckets' order
+    for key in preemptible.pending:
+        for pair in key[1][0]:
+            by_label.setdefault(pair, []).append(key)
+    assert {pair: list(keys) for pair, keys in preemptible.by_label.items()} == by_label
+    capacities: dict[tuple[str, str], dict[object, int]] = {}  # the label index of the fixed capacities
+    for capacity, count in cluster.capacities.items():
+        for pair in capacity[1][0]:
+            capacities.setdefault(pair, {})[capacity] = count
+    assert cluster.capacities_by_label == capacities
     assert preemptible.content(cluster.nodes) == PreemptionIndex.rebuilt(cluster.nodes).content(cluster.nodes)
 
 
@@ -655,14 +669,26 @@ def test_the_chosen_victims_are_those_of_an_exhaustive_search(commands: list) ->
     event_note(f"preemptions compared: {min(compared, 3)}{'+' if compared > 3 else ''}")
 
 
-SEARCH_SHAPES = [
-    PodShape(num_gpu, milli, cpu, 1024, (), (), (), None)
-    for num_gpu, milli in ((1, 1000), (2, 1000), (4, 1000), (1, 500), (1, 300), (0, 0))
-    for cpu in (500, 4000)
-] + [
-    PodShape(8, 1000, 500, 1024, (), (), (), None),  # more GPUs than any node has: no node could hold them
-    PodShape(1, 1000, 32_000, 1024, (), (), (), None),  # more CPU than any node has
-]
+SEARCH_SHAPES = (
+    [
+        PodShape(num_gpu, milli, cpu, 1024, (), (), (), None)
+        for num_gpu, milli in ((1, 1000), (2, 1000), (4, 1000), (1, 500), (1, 300), (0, 0))
+        for cpu in (500, 4000)
+    ]
+    + [
+        PodShape(8, 1000, 500, 1024, (), (), (), None),  # more GPUs than any node has: no node could hold them
+        PodShape(1, 1000, 32_000, 1024, (), (), (), None),  # more CPU than any node has
+    ]
+    + [  # a node selector: the search reads the buckets of its rarest label only
+        PodShape(num_gpu, 1000, 500, 1024, (), selector, (), None)
+        for num_gpu in (1, 4)
+        for selector in (
+            (("topology/rack", "r0"),),
+            (("topology/block", "b0"), ("topology/rack", "r1")),
+            (("topology/rack", "r9"),),  # no node has it
+        )
+    ]
+)
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

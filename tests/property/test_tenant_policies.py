@@ -160,10 +160,12 @@ def test_no_victim_violates_preemptible_or_its_preemptors_policy_and_every_comma
         assert events, "every command yields at least one event"
         assert not any(event.type_name == "ClusterHalted" for event in events), events[-1]
         preemptors: dict[str, PodSpec] = {}
+        started: set[str] = set()  # pods that started in this command: a later step may take them again
         for event in events:
             payload = event.payload
             if isinstance(payload, PodScheduled):
                 specs[payload.pod.pod_id] = payload.pod
+                started.add(payload.pod.pod_id)
                 preemptors[payload.pod.pod_id] = payload.pod
             elif isinstance(payload, GangScheduled):
                 gang = payload.gang
@@ -172,7 +174,10 @@ def test_no_victim_violates_preemptible_or_its_preemptors_policy_and_every_comma
         for event in events:
             payload = event.payload
             if isinstance(payload, PodPreempted):
-                victim = before[payload.pod_id]
+                victim = before.get(payload.pod_id)
+                if victim is None:  # queued before, started earlier in this command (a queue retry), then taken
+                    assert payload.pod_id in started, f"{payload.pod_id} preempted but not running"
+                    victim = specs[payload.pod_id]
                 by = preemptors[payload.by]
                 assert cluster is not None
                 _check_victim(cluster, victim, by, payload.reason)

@@ -276,20 +276,7 @@ def _preempt_by_quota_policy(
         raise InvariantViolation(f"pod {spec.pod_id!r} does not fit after preempting within its tenant")
     policy = cluster_policy(cluster)
     choice = policy.place(cluster, admission.shape, groups)  # type: ignore[arg-type]
-    decision.emit(
-        PodScheduled(
-            spec,
-            choice.node_id,
-            choice.gpus,
-            policy.name,
-            from_queue,
-            choice.scores,
-            tuple(pod.spec.pod_id for pod, _ in victims),
-        ),
-        cluster.name,
-    )
-    holder_started(decision, cluster, spec.pod_id)
-    decision.then(AFTER_PREEMPTION, cluster, victims)
+    _start_after_preemption(decision, cluster, spec, choice, policy.name, from_queue, victims)
     return True
 
 
@@ -345,12 +332,26 @@ def _preempt_for_pod(
             "victims": float(count),
             "gpu_seconds_lost": work / 1e6,
         }
+    _start_after_preemption(decision, cluster, spec, choice, policy.name, from_queue, victims)
+
+
+def _start_after_preemption(
+    decision: Decision,
+    cluster: ClusterState,
+    spec: PodSpec,
+    choice: Choice,
+    policy_name: str,
+    from_queue: bool,
+    victims: list[tuple[Pod, str]],
+) -> None:
+    """The preemptor's ``PodScheduled`` naming its victims (already evicted), then the victims' placement
+    as follow-up work."""
     decision.emit(
         PodScheduled(
             spec,
             choice.node_id,
             choice.gpus,
-            policy.name,
+            policy_name,
             from_queue,
             choice.scores,
             tuple(pod.spec.pod_id for pod, _ in victims),

@@ -63,8 +63,8 @@ def retry_queue(
     )
     if preempting and equal_only:
         # Only work of the head's priority runs below it: a group with lower_or_newer_equal_priority may take it
-        # (contract v4). O(Q) to look, as the screen below.
-        pods_preempt = any(group[1] == PREEMPT_LOWER_OR_NEWER for _, group in cluster.queue.heads())
+        # (contract v4). O(1): the queue counts its groups per preemption setting.
+        pods_preempt = cluster.queue.waits_with(PREEMPT_LOWER_OR_NEWER)
     # Tenants whose quota policy may preempt for a pod its quota has no room for (contract v4): their work is
     # retried on any change. O(tenants with a quota); none unless a tenant set such a policy.
     policed = _policed_tenants(cluster) if fair else None
