@@ -264,6 +264,7 @@ class GangMember(Record):
     gpu_models: tuple[str, ...] = ()
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: tuple[Toleration, ...] = ()
+    role: str | None = None  # contract v4: for SubmitGang.min_members_per_role
 
 
 @dataclass(slots=True)
@@ -272,6 +273,8 @@ class SubmitGang(Record):
 
     ``topology_required`` (a node label key) keeps every member on nodes with one value
     of it; ``topology_preferred`` tries that domain first and falls back to wider ones.
+    ``min_members_per_role`` (contract v4, Volcano's ``minTaskMember``): per member ``role``, how many
+    of that role must run too; the minimums sum to at most ``min_members``.
     """
 
     gang_id: str
@@ -289,6 +292,7 @@ class SubmitGang(Record):
     retry: Retry | None = None
     preemptible: bool = True  # contract v4: False: no member is ever a victim
     disruption: str = "all"  # contract v4: DISRUPTION_MODES
+    min_members_per_role: dict[str, int] = field(default_factory=dict)  # contract v4: role -> minimum running
 
 
 @dataclass(slots=True)

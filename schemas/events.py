@@ -38,6 +38,7 @@ class PodSpec(Record):
     gpu_memory_mib: int = 0
     retry: Retry | None = None
     preemptible: bool = True  # contract v4: False: never a victim
+    role: str | None = None  # contract v4: a gang member's role (SubmitGang member role)
 
     @property
     def gpu_milli_total(self) -> int:
@@ -76,6 +77,7 @@ class GangSpec(Record):
     queued_at: int | None = None  # contract v4: the last requeue of a gang that ran (its timeout counts from it)
     preemptible: bool = True  # contract v4: False: no member is ever a victim
     disruption: str = "all"  # contract v4: all or above_min (SubmitGang.disruption)
+    min_members_per_role: dict[str, int] = field(default_factory=dict)  # contract v4: role -> minimum running
 
     @property
     def waiting_since(self) -> int:

@@ -105,7 +105,7 @@ from schemas.events import (
 
 __all__ = ["decode_command", "decode_event", "encode_command", "encode_event"]
 
-_k1 = b'\xc3\x01\x833\x12\xd9\xebG\xfdh'
+_k1 = b'\xc3\x01\x15\xdd\x17r[=\xb32'
 _k11 = b'\x00'
 _k36 = b'\x02'
 _k40 = b'\x04'
@@ -141,177 +141,185 @@ _k176 = b'\x02'
 _k178 = b'\x00'
 _k180 = b'\x12'
 _k200 = b'\x02'
-_k202 = b'\x00'
-_k205 = b'\x02'
+_k203 = b'\x00'
+_k206 = b'\x02'
 _k208 = b'\x00'
 _k211 = b'\x02'
 _k214 = b'\x00'
 _k217 = b'\x02'
-_k219 = b'\x00'
-_k222 = b'\x02'
-_k224 = b'\x00'
-_k232 = b'\x00'
-_k236 = b'\x14'
-_k242 = b'\x16'
-_k244 = b'\x18'
-_k249 = b'\x02'
-_k252 = b'\x00'
-_k256 = b'\x02'
-_k258 = b'\x00'
-_k261 = b'\x02'
+_k220 = b'\x00'
+_k223 = b'\x02'
+_k225 = b'\x00'
+_k228 = b'\x02'
+_k230 = b'\x00'
+_k238 = b'\x00'
+_k247 = b'\x14'
+_k253 = b'\x16'
+_k255 = b'\x18'
+_k260 = b'\x02'
 _k263 = b'\x00'
-_k266 = b'\x02'
-_k268 = b'\x00'
-_k271 = b'\x02'
-_k273 = b'\x00'
-_k277 = b'\x00'
-_k279 = b'\x1a'
-_k283 = b'\x1c'
-_k287 = b'\x02'
-_k290 = b'\x00'
-_k292 = b'\x1e'
-_k296 = b' '
-_k300 = b'"'
-_k305 = b'\x02'
-_k307 = b'\x00'
-_k310 = b'\x02'
-_k312 = b'\x00'
-_k314 = b'$'
-_k319 = b'\x02'
-_k322 = b'\x00'
-_k325 = b'\x02'
-_k328 = b'\x00'
-_k331 = b'\x02'
+_k267 = b'\x02'
+_k269 = b'\x00'
+_k272 = b'\x02'
+_k274 = b'\x00'
+_k277 = b'\x02'
+_k279 = b'\x00'
+_k282 = b'\x02'
+_k284 = b'\x00'
+_k288 = b'\x00'
+_k290 = b'\x1a'
+_k294 = b'\x1c'
+_k298 = b'\x02'
+_k301 = b'\x00'
+_k303 = b'\x1e'
+_k307 = b' '
+_k311 = b'"'
+_k316 = b'\x02'
+_k318 = b'\x00'
+_k321 = b'\x02'
+_k323 = b'\x00'
+_k325 = b'$'
+_k330 = b'\x02'
 _k333 = b'\x00'
-_k336 = b'&'
-_k340 = b'('
-_k345 = b'\x02'
-_k348 = b'\x00'
-_k352 = b'\x02'
-_k354 = b'\x00'
-_k357 = b'\x02'
+_k336 = b'\x02'
+_k339 = b'\x00'
+_k342 = b'\x02'
+_k344 = b'\x00'
+_k347 = b'&'
+_k351 = b'('
+_k356 = b'\x02'
 _k359 = b'\x00'
-_k362 = b'\x02'
-_k364 = b'\x00'
-_k367 = b'\x02'
-_k369 = b'\x00'
-_k371 = b'*'
-_k375 = b'\xc3\x01\x833\x12\xd9\xebG\xfdh'
-_k669 = b'\xc3\x01\xe3c\xc0O\xec\xa4\xb0\x96'
-_k680 = b'\x00'
-_k692 = b'\x02'
-_k696 = b'\x04'
-_k700 = b'\x06'
-_k704 = b'\x08'
-_k709 = b'\n'
-_k716 = b'\x0c'
-_k734 = b'\x02'
-_k737 = b'\x00'
-_k740 = b'\x02'
-_k742 = b'\x00'
-_k751 = b'\x00'
-_k762 = b'\x0e'
-_k780 = b'\x02'
-_k783 = b'\x00'
-_k786 = b'\x02'
-_k788 = b'\x00'
-_k797 = b'\x00'
-_k813 = b'\x10'
-_k821 = b'\x12'
-_k826 = b'\x02'
-_k829 = b'\x00'
-_k833 = b'\x14'
-_k840 = b'\x02'
-_k842 = b'\x00'
-_k847 = b'\x02'
-_k849 = b'\x00'
-_k851 = b'\x16'
-_k861 = b'\x18'
-_k890 = b'\x02'
-_k893 = b'\x00'
-_k896 = b'\x02'
-_k898 = b'\x00'
-_k907 = b'\x00'
-_k911 = b'\x02'
-_k914 = b'\x00'
-_k917 = b'\x02'
-_k920 = b'\x00'
+_k363 = b'\x02'
+_k365 = b'\x00'
+_k368 = b'\x02'
+_k370 = b'\x00'
+_k373 = b'\x02'
+_k375 = b'\x00'
+_k378 = b'\x02'
+_k380 = b'\x00'
+_k382 = b'*'
+_k386 = b'\xc3\x01\x15\xdd\x17r[=\xb32'
+_k690 = b'\xc3\x01\xdd\x8f\xfa\xb6\xf7w\x0f"'
+_k701 = b'\x00'
+_k713 = b'\x02'
+_k717 = b'\x04'
+_k721 = b'\x06'
+_k725 = b'\x08'
+_k730 = b'\n'
+_k737 = b'\x0c'
+_k755 = b'\x02'
+_k758 = b'\x00'
+_k761 = b'\x02'
+_k763 = b'\x00'
+_k772 = b'\x00'
+_k775 = b'\x02'
+_k778 = b'\x00'
+_k789 = b'\x0e'
+_k807 = b'\x02'
+_k810 = b'\x00'
+_k813 = b'\x02'
+_k815 = b'\x00'
+_k824 = b'\x00'
+_k827 = b'\x02'
+_k830 = b'\x00'
+_k846 = b'\x10'
+_k854 = b'\x12'
+_k859 = b'\x02'
+_k862 = b'\x00'
+_k866 = b'\x14'
+_k873 = b'\x02'
+_k875 = b'\x00'
+_k880 = b'\x02'
+_k882 = b'\x00'
+_k884 = b'\x16'
+_k894 = b'\x18'
 _k923 = b'\x02'
-_k925 = b'\x00'
-_k928 = b'\x02'
-_k930 = b'\x00'
+_k926 = b'\x00'
+_k929 = b'\x02'
+_k931 = b'\x00'
 _k940 = b'\x00'
 _k943 = b'\x02'
-_k945 = b'\x00'
-_k950 = b'\x1a'
-_k971 = b'\x02'
-_k974 = b'\x00'
-_k977 = b'\x02'
-_k980 = b'\x00'
-_k983 = b'\x02'
-_k985 = b'\x00'
-_k988 = b'\x02'
-_k990 = b'\x00'
-_k1000 = b'\x00'
-_k1003 = b'\x02'
-_k1005 = b'\x00'
-_k1010 = b'\x02'
-_k1013 = b'\x00'
-_k1016 = b'\x02'
-_k1019 = b'\x00'
-_k1024 = b'\x1c'
-_k1031 = b'\x1e'
-_k1038 = b' '
-_k1046 = b'\x02'
-_k1049 = b'\x00'
-_k1051 = b'"'
-_k1059 = b'\x02'
-_k1061 = b'\x00'
-_k1065 = b'$'
-_k1076 = b'&'
-_k1086 = b'('
-_k1089 = b'*'
-_k1101 = b','
-_k1104 = b'\x02'
-_k1107 = b'\x00'
-_k1110 = b'\x00'
-_k1113 = b'\x00'
-_k1117 = b'.'
-_k1131 = b'0'
-_k1137 = b'\x02'
-_k1140 = b'\x00'
-_k1144 = b'2'
-_k1154 = b'4'
-_k1164 = b'6'
-_k1168 = b'8'
-_k1175 = b':'
-_k1182 = b'\x02'
-_k1185 = b'\x00'
-_k1187 = b'<'
-_k1192 = b'\x02'
-_k1195 = b'\x00'
-_k1198 = b'\x02'
-_k1201 = b'\x00'
-_k1204 = b'\x02'
-_k1206 = b'\x00'
-_k1209 = b'>'
-_k1213 = b'@'
-_k1224 = b'B'
-_k1231 = b'D'
-_k1236 = b'\x02'
-_k1241 = b'\x02'
-_k1244 = b'\x00'
-_k1248 = b'\x02'
-_k1250 = b'\x00'
-_k1253 = b'\x02'
-_k1255 = b'\x00'
-_k1258 = b'\x02'
-_k1260 = b'\x00'
-_k1263 = b'\x02'
-_k1265 = b'\x00'
-_k1267 = b'\x00'
-_k1270 = b'\x00'
-_k1274 = b'\xc3\x01\xe3c\xc0O\xec\xa4\xb0\x96'
+_k946 = b'\x00'
+_k950 = b'\x02'
+_k953 = b'\x00'
+_k956 = b'\x02'
+_k959 = b'\x00'
+_k962 = b'\x02'
+_k964 = b'\x00'
+_k967 = b'\x02'
+_k969 = b'\x00'
+_k979 = b'\x00'
+_k982 = b'\x02'
+_k984 = b'\x00'
+_k990 = b'\x1a'
+_k1011 = b'\x02'
+_k1014 = b'\x00'
+_k1017 = b'\x02'
+_k1020 = b'\x00'
+_k1023 = b'\x02'
+_k1025 = b'\x00'
+_k1028 = b'\x02'
+_k1030 = b'\x00'
+_k1040 = b'\x00'
+_k1043 = b'\x02'
+_k1045 = b'\x00'
+_k1051 = b'\x02'
+_k1054 = b'\x00'
+_k1057 = b'\x02'
+_k1060 = b'\x00'
+_k1065 = b'\x1c'
+_k1072 = b'\x1e'
+_k1079 = b' '
+_k1087 = b'\x02'
+_k1090 = b'\x00'
+_k1092 = b'"'
+_k1100 = b'\x02'
+_k1102 = b'\x00'
+_k1106 = b'$'
+_k1117 = b'&'
+_k1127 = b'('
+_k1130 = b'*'
+_k1142 = b','
+_k1145 = b'\x02'
+_k1148 = b'\x00'
+_k1151 = b'\x00'
+_k1154 = b'\x00'
+_k1158 = b'.'
+_k1172 = b'0'
+_k1178 = b'\x02'
+_k1181 = b'\x00'
+_k1185 = b'2'
+_k1195 = b'4'
+_k1205 = b'6'
+_k1209 = b'8'
+_k1216 = b':'
+_k1223 = b'\x02'
+_k1226 = b'\x00'
+_k1228 = b'<'
+_k1233 = b'\x02'
+_k1236 = b'\x00'
+_k1239 = b'\x02'
+_k1242 = b'\x00'
+_k1245 = b'\x02'
+_k1247 = b'\x00'
+_k1250 = b'>'
+_k1254 = b'@'
+_k1265 = b'B'
+_k1272 = b'D'
+_k1277 = b'\x02'
+_k1282 = b'\x02'
+_k1285 = b'\x00'
+_k1289 = b'\x02'
+_k1291 = b'\x00'
+_k1294 = b'\x02'
+_k1296 = b'\x00'
+_k1299 = b'\x02'
+_k1301 = b'\x00'
+_k1304 = b'\x02'
+_k1306 = b'\x00'
+_k1308 = b'\x00'
+_k1311 = b'\x00'
+_k1315 = b'\xc3\x01\xdd\x8f\xfa\xb6\xf7w\x0f"'
 
 
 def _rlong(buf: bytes, pos: int) -> tuple[int, int]:
@@ -479,20 +487,20 @@ def _e_SetPolicy110(o: _c_SetPolicy) -> bytes:
     return b"".join((_k111, (_P[n114] if (n114 := len(s113 := o.policy.encode())) < 8192 else _long(n114)), s113, (_k118 if (u115 := o.reserve_after_ms) is None else _u116(u115)), (_P[n121] if (n121 := len(s120 := o.queue_order.encode())) < 8192 else _long(n121)), s120, (_k173 if (u122 := o.default_quota) is None else _k172[type(u122)](u122)), (_k178 if (u175 := o.max_clock_jump_ms) is None else _u176(u175)),))
 
 
+def _u200(v: Any) -> bytes:
+    return b"".join((_k200, (_P[n203] if (n203 := len(s202 := v.encode())) < 8192 else _long(n203)), s202,))
+
+
 def _b188(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"),)
+        out += ((_P[n191] if (n191 := len(s190 := x.pod_id.encode())) < 8192 else _long(n191)), s190, (_P[n192] if 0 <= (n192 := x.num_gpu) < 8192 else _long(n192)), (_P[n193] if 0 <= (n193 := x.gpu_milli) < 8192 else _long(n193)), (_P[n194] if 0 <= (n194 := x.cpu_milli) < 8192 else _long(n194)), (_P[n195] if 0 <= (n195 := x.memory_mib) < 8192 else _long(n195)), (_b71(a196) if (a196 := x.gpu_models) else b"\x00"), (_b21(a197) if (a197 := x.node_selector) else b"\x00"), (_b76(a198) if (a198 := x.tolerations) else b"\x00"), (_k203 if (u199 := x.role) is None else _u200(u199)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u200(v: Any) -> bytes:
-    return b"".join((_k200, (_P[n202] if 0 <= (n202 := v) < 8192 else _long(n202)),))
-
-
-def _u205(v: Any) -> bytes:
-    return b"".join((_k205, (_P[n208] if (n208 := len(s207 := v.encode())) < 8192 else _long(n208)), s207,))
+def _u206(v: Any) -> bytes:
+    return b"".join((_k206, (_P[n208] if 0 <= (n208 := v) < 8192 else _long(n208)),))
 
 
 def _u211(v: Any) -> bytes:
@@ -500,178 +508,190 @@ def _u211(v: Any) -> bytes:
 
 
 def _u217(v: Any) -> bytes:
-    return b"".join((_k217, (_P[n219] if 0 <= (n219 := v) < 8192 else _long(n219)),))
+    return b"".join((_k217, (_P[n220] if (n220 := len(s219 := v.encode())) < 8192 else _long(n220)), s219,))
 
 
-def _u222(v: Any) -> bytes:
-    return b"".join((_k222, (_P[n224] if 0 <= (n224 := v) < 8192 else _long(n224)),))
+def _u223(v: Any) -> bytes:
+    return b"".join((_k223, (_P[n225] if 0 <= (n225 := v) < 8192 else _long(n225)),))
+
+
+def _u228(v: Any) -> bytes:
+    return b"".join((_k228, (_P[n230] if 0 <= (n230 := v) < 8192 else _long(n230)),))
+
+
+def _b243(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for k, x in a.items():
+        out += ((_P[n245] if (n245 := len(s244 := k.encode())) < 8192 else _long(n245)), s244, (_P[n246] if 0 <= (n246 := x) < 8192 else _long(n246)),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
 def _e_SubmitGang179(o: _c_SubmitGang) -> bytes:
-    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k202 if (u199 := o.min_members) is None else _u200(u199)), (_k208 if (u204 := o.topology_required) is None else _u205(u204)), (_k214 if (u210 := o.topology_preferred) is None else _u211(u210)), (_k219 if (u216 := o.timeout_ms) is None else _u217(u216)), (_k224 if (u221 := o.time_limit_ms) is None else _u222(u221)), (_b71(a226) if (a226 := o.depends_on) else b"\x00"), (_P[n228] if (n228 := len(s227 := o.dependency.encode())) < 8192 else _long(n228)), s227, (_P[n230] if (n230 := len(s229 := o.preemption.encode())) < 8192 else _long(n230)), s229, (_k232 if (u231 := o.retry) is None else _k231[type(u231)](u231)), (b"\x01" if o.preemptible else b"\x00"), (_P[n235] if (n235 := len(s234 := o.disruption.encode())) < 8192 else _long(n235)), s234,))
+    return b"".join((_k180, (_P[n183] if (n183 := len(s182 := o.gang_id.encode())) < 8192 else _long(n183)), s182, (_P[n185] if (n185 := len(s184 := o.tenant.encode())) < 8192 else _long(n185)), s184, (_P[n186] if 0 <= (n186 := o.priority) < 8192 else _long(n186)), (_b188(a187) if (a187 := o.members) else b"\x00"), (_k208 if (u205 := o.min_members) is None else _u206(u205)), (_k214 if (u210 := o.topology_required) is None else _u211(u210)), (_k220 if (u216 := o.topology_preferred) is None else _u217(u216)), (_k225 if (u222 := o.timeout_ms) is None else _u223(u222)), (_k230 if (u227 := o.time_limit_ms) is None else _u228(u227)), (_b71(a232) if (a232 := o.depends_on) else b"\x00"), (_P[n234] if (n234 := len(s233 := o.dependency.encode())) < 8192 else _long(n234)), s233, (_P[n236] if (n236 := len(s235 := o.preemption.encode())) < 8192 else _long(n236)), s235, (_k238 if (u237 := o.retry) is None else _k237[type(u237)](u237)), (b"\x01" if o.preemptible else b"\x00"), (_P[n241] if (n241 := len(s240 := o.disruption.encode())) < 8192 else _long(n241)), s240, (_b243(a242) if (a242 := o.min_members_per_role) else b"\x00"),))
 
 
-def _e_ReleaseGang235(o: _c_ReleaseGang) -> bytes:
-    return b"".join((_k236, (_P[n239] if (n239 := len(s238 := o.gang_id.encode())) < 8192 else _long(n239)), s238, (_P[n241] if (n241 := len(s240 := o.reason.encode())) < 8192 else _long(n241)), s240,))
+def _e_ReleaseGang246(o: _c_ReleaseGang) -> bytes:
+    return b"".join((_k247, (_P[n250] if (n250 := len(s249 := o.gang_id.encode())) < 8192 else _long(n250)), s249, (_P[n252] if (n252 := len(s251 := o.reason.encode())) < 8192 else _long(n252)), s251,))
 
 
-def _e_Tick241(o: _c_Tick) -> bytes:
-    return b"".join((_k242, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
+def _e_Tick252(o: _c_Tick) -> bytes:
+    return b"".join((_k253, (b"\x01" if o.force else b"\x00"), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _u249(v: Any) -> bytes:
-    return b"".join((_k249, (_P[n252] if (n252 := len(s251 := v.encode())) < 8192 else _long(n252)), s251,))
+def _u260(v: Any) -> bytes:
+    return b"".join((_k260, (_P[n263] if (n263 := len(s262 := v.encode())) < 8192 else _long(n263)), s262,))
 
 
-def _u256(v: Any) -> bytes:
-    return b"".join((_k256, (_P[n258] if 0 <= (n258 := v) < 8192 else _long(n258)),))
+def _u267(v: Any) -> bytes:
+    return b"".join((_k267, (_P[n269] if 0 <= (n269 := v) < 8192 else _long(n269)),))
 
 
-def _u261(v: Any) -> bytes:
-    return b"".join((_k261, (_P[n263] if 0 <= (n263 := v) < 8192 else _long(n263)),))
+def _u272(v: Any) -> bytes:
+    return b"".join((_k272, (_P[n274] if 0 <= (n274 := v) < 8192 else _long(n274)),))
 
 
-def _u266(v: Any) -> bytes:
-    return b"".join((_k266, (_P[n268] if 0 <= (n268 := v) < 8192 else _long(n268)),))
+def _u277(v: Any) -> bytes:
+    return b"".join((_k277, (_P[n279] if 0 <= (n279 := v) < 8192 else _long(n279)),))
 
 
-def _u271(v: Any) -> bytes:
-    return b"".join((_k271, (_P[n273] if 0 <= (n273 := v) < 8192 else _long(n273)),))
+def _u282(v: Any) -> bytes:
+    return b"".join((_k282, (_P[n284] if 0 <= (n284 := v) < 8192 else _long(n284)),))
 
 
-def _e_SetQuota243(o: _c_SetQuota) -> bytes:
-    return b"".join((_k244, (_P[n247] if (n247 := len(s246 := o.tenant.encode())) < 8192 else _long(n247)), s246, (_k252 if (u248 := o.cohort) is None else _u249(u248)), (_b132(a254) if (a254 := o.nominal_gpus) else b"\x00"), (_k258 if (u255 := o.nominal_cpu_milli) is None else _u256(u255)), (_k263 if (u260 := o.nominal_memory_mib) is None else _u261(u260)), (_k268 if (u265 := o.borrowing_limit_gpus) is None else _u266(u265)), (_k273 if (u270 := o.lending_limit_gpus) is None else _u271(u270)), (_P[n275] if 0 <= (n275 := o.weight) < 8192 else _long(n275)), (_k277 if (u276 := o.preemption) is None else _k276[type(u276)](u276)),))
+def _e_SetQuota254(o: _c_SetQuota) -> bytes:
+    return b"".join((_k255, (_P[n258] if (n258 := len(s257 := o.tenant.encode())) < 8192 else _long(n258)), s257, (_k263 if (u259 := o.cohort) is None else _u260(u259)), (_b132(a265) if (a265 := o.nominal_gpus) else b"\x00"), (_k269 if (u266 := o.nominal_cpu_milli) is None else _u267(u266)), (_k274 if (u271 := o.nominal_memory_mib) is None else _u272(u271)), (_k279 if (u276 := o.borrowing_limit_gpus) is None else _u277(u276)), (_k284 if (u281 := o.lending_limit_gpus) is None else _u282(u281)), (_P[n286] if 0 <= (n286 := o.weight) < 8192 else _long(n286)), (_k288 if (u287 := o.preemption) is None else _k287[type(u287)](u287)),))
 
 
-def _e_RemoveQuota278(o: _c_RemoveQuota) -> bytes:
-    return b"".join((_k279, (_P[n282] if (n282 := len(s281 := o.tenant.encode())) < 8192 else _long(n282)), s281,))
+def _e_RemoveQuota289(o: _c_RemoveQuota) -> bytes:
+    return b"".join((_k290, (_P[n293] if (n293 := len(s292 := o.tenant.encode())) < 8192 else _long(n293)), s292,))
 
 
-def _u287(v: Any) -> bytes:
-    return b"".join((_k287, (_P[n290] if (n290 := len(s289 := v.encode())) < 8192 else _long(n290)), s289,))
+def _u298(v: Any) -> bytes:
+    return b"".join((_k298, (_P[n301] if (n301 := len(s300 := v.encode())) < 8192 else _long(n301)), s300,))
 
 
-def _e_Defragment282(o: _c_Defragment) -> bytes:
-    return b"".join((_k283, (_P[n285] if 0 <= (n285 := o.max_moves) < 8192 else _long(n285)), (_k290 if (u286 := o.target) is None else _u287(u286)),))
+def _e_Defragment293(o: _c_Defragment) -> bytes:
+    return b"".join((_k294, (_P[n296] if 0 <= (n296 := o.max_moves) < 8192 else _long(n296)), (_k301 if (u297 := o.target) is None else _u298(u297)),))
 
 
-def _e_ResumeCluster291(o: _c_ResumeCluster) -> bytes:
-    return b"".join((_k292, (_P[n295] if (n295 := len(s294 := o.reason.encode())) < 8192 else _long(n295)), s294,))
+def _e_ResumeCluster302(o: _c_ResumeCluster) -> bytes:
+    return b"".join((_k303, (_P[n306] if (n306 := len(s305 := o.reason.encode())) < 8192 else _long(n306)), s305,))
 
 
-def _e_RecoverNode295(o: _c_RecoverNode) -> bytes:
-    return b"".join((_k296, (_P[n299] if (n299 := len(s298 := o.node_id.encode())) < 8192 else _long(n299)), s298,))
+def _e_RecoverNode306(o: _c_RecoverNode) -> bytes:
+    return b"".join((_k307, (_P[n310] if (n310 := len(s309 := o.node_id.encode())) < 8192 else _long(n310)), s309,))
 
 
-def _u305(v: Any) -> bytes:
-    return b"".join((_k305, (_b21(a307) if (a307 := v) else b"\x00"),))
+def _u316(v: Any) -> bytes:
+    return b"".join((_k316, (_b21(a318) if (a318 := v) else b"\x00"),))
 
 
-def _u310(v: Any) -> bytes:
-    return b"".join((_k310, (_b27(a312) if (a312 := v) else b"\x00"),))
+def _u321(v: Any) -> bytes:
+    return b"".join((_k321, (_b27(a323) if (a323 := v) else b"\x00"),))
 
 
-def _e_UpdateNode299(o: _c_UpdateNode) -> bytes:
-    return b"".join((_k300, (_P[n303] if (n303 := len(s302 := o.node_id.encode())) < 8192 else _long(n303)), s302, (_k307 if (u304 := o.labels) is None else _u305(u304)), (_k312 if (u309 := o.taints) is None else _u310(u309)),))
+def _e_UpdateNode310(o: _c_UpdateNode) -> bytes:
+    return b"".join((_k311, (_P[n314] if (n314 := len(s313 := o.node_id.encode())) < 8192 else _long(n314)), s313, (_k318 if (u315 := o.labels) is None else _u316(u315)), (_k323 if (u320 := o.taints) is None else _u321(u320)),))
 
 
-def _u319(v: Any) -> bytes:
-    return b"".join((_k319, (_P[n322] if (n322 := len(s321 := v.encode())) < 8192 else _long(n322)), s321,))
+def _u330(v: Any) -> bytes:
+    return b"".join((_k330, (_P[n333] if (n333 := len(s332 := v.encode())) < 8192 else _long(n333)), s332,))
 
 
-def _u325(v: Any) -> bytes:
-    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := v.encode())) < 8192 else _long(n328)), s327,))
+def _u336(v: Any) -> bytes:
+    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := v.encode())) < 8192 else _long(n339)), s338,))
 
 
-def _u331(v: Any) -> bytes:
-    return b"".join((_k331, (_b21(a333) if (a333 := v) else b"\x00"),))
+def _u342(v: Any) -> bytes:
+    return b"".join((_k342, (_b21(a344) if (a344 := v) else b"\x00"),))
 
 
-def _e_SetDisruptionBudget313(o: _c_SetDisruptionBudget) -> bytes:
-    return b"".join((_k314, (_P[n317] if (n317 := len(s316 := o.budget_id.encode())) < 8192 else _long(n317)), s316, (_k322 if (u318 := o.tenant) is None else _u319(u318)), (_k328 if (u324 := o.gang_id) is None else _u325(u324)), (_k333 if (u330 := o.label_selector) is None else _u331(u330)), (_P[n335] if 0 <= (n335 := o.max_unavailable) < 8192 else _long(n335)),))
+def _e_SetDisruptionBudget324(o: _c_SetDisruptionBudget) -> bytes:
+    return b"".join((_k325, (_P[n328] if (n328 := len(s327 := o.budget_id.encode())) < 8192 else _long(n328)), s327, (_k333 if (u329 := o.tenant) is None else _u330(u329)), (_k339 if (u335 := o.gang_id) is None else _u336(u335)), (_k344 if (u341 := o.label_selector) is None else _u342(u341)), (_P[n346] if 0 <= (n346 := o.max_unavailable) < 8192 else _long(n346)),))
 
 
-def _e_RemoveDisruptionBudget335(o: _c_RemoveDisruptionBudget) -> bytes:
-    return b"".join((_k336, (_P[n339] if (n339 := len(s338 := o.budget_id.encode())) < 8192 else _long(n339)), s338,))
+def _e_RemoveDisruptionBudget346(o: _c_RemoveDisruptionBudget) -> bytes:
+    return b"".join((_k347, (_P[n350] if (n350 := len(s349 := o.budget_id.encode())) < 8192 else _long(n350)), s349,))
 
 
-def _u345(v: Any) -> bytes:
-    return b"".join((_k345, (_P[n348] if (n348 := len(s347 := v.encode())) < 8192 else _long(n348)), s347,))
+def _u356(v: Any) -> bytes:
+    return b"".join((_k356, (_P[n359] if (n359 := len(s358 := v.encode())) < 8192 else _long(n359)), s358,))
 
 
-def _u352(v: Any) -> bytes:
-    return b"".join((_k352, (_P[n354] if 0 <= (n354 := v) < 8192 else _long(n354)),))
+def _u363(v: Any) -> bytes:
+    return b"".join((_k363, (_P[n365] if 0 <= (n365 := v) < 8192 else _long(n365)),))
 
 
-def _u357(v: Any) -> bytes:
-    return b"".join((_k357, (_P[n359] if 0 <= (n359 := v) < 8192 else _long(n359)),))
+def _u368(v: Any) -> bytes:
+    return b"".join((_k368, (_P[n370] if 0 <= (n370 := v) < 8192 else _long(n370)),))
 
 
-def _u362(v: Any) -> bytes:
-    return b"".join((_k362, (_P[n364] if 0 <= (n364 := v) < 8192 else _long(n364)),))
+def _u373(v: Any) -> bytes:
+    return b"".join((_k373, (_P[n375] if 0 <= (n375 := v) < 8192 else _long(n375)),))
 
 
-def _u367(v: Any) -> bytes:
-    return b"".join((_k367, (_P[n369] if 0 <= (n369 := v) < 8192 else _long(n369)),))
+def _u378(v: Any) -> bytes:
+    return b"".join((_k378, (_P[n380] if 0 <= (n380 := v) < 8192 else _long(n380)),))
 
 
-def _e_SetCohort339(o: _c_SetCohort) -> bytes:
-    return b"".join((_k340, (_P[n343] if (n343 := len(s342 := o.cohort.encode())) < 8192 else _long(n343)), s342, (_k348 if (u344 := o.parent) is None else _u345(u344)), (_b132(a350) if (a350 := o.nominal_gpus) else b"\x00"), (_k354 if (u351 := o.nominal_cpu_milli) is None else _u352(u351)), (_k359 if (u356 := o.nominal_memory_mib) is None else _u357(u356)), (_k364 if (u361 := o.borrowing_limit_gpus) is None else _u362(u361)), (_k369 if (u366 := o.lending_limit_gpus) is None else _u367(u366)),))
+def _e_SetCohort350(o: _c_SetCohort) -> bytes:
+    return b"".join((_k351, (_P[n354] if (n354 := len(s353 := o.cohort.encode())) < 8192 else _long(n354)), s353, (_k359 if (u355 := o.parent) is None else _u356(u355)), (_b132(a361) if (a361 := o.nominal_gpus) else b"\x00"), (_k365 if (u362 := o.nominal_cpu_milli) is None else _u363(u362)), (_k370 if (u367 := o.nominal_memory_mib) is None else _u368(u367)), (_k375 if (u372 := o.borrowing_limit_gpus) is None else _u373(u372)), (_k380 if (u377 := o.lending_limit_gpus) is None else _u378(u377)),))
 
 
-def _e_RemoveCohort370(o: _c_RemoveCohort) -> bytes:
-    return b"".join((_k371, (_P[n374] if (n374 := len(s373 := o.cohort.encode())) < 8192 else _long(n374)), s373,))
+def _e_RemoveCohort381(o: _c_RemoveCohort) -> bytes:
+    return b"".join((_k382, (_P[n385] if (n385 := len(s384 := o.cohort.encode())) < 8192 else _long(n385)), s384,))
 
 
 def _e_Command0(o: _c_Command) -> bytes:
-    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k374[type(u10 := o.payload)](u10),))
+    return b"".join((_k1, (_P[n4] if (n4 := len(s3 := o.command_id.encode())) < 8192 else _long(n4)), s3, (_P[n6] if (n6 := len(s5 := o.cluster.encode())) < 8192 else _long(n6)), s5, (_P[n7] if 0 <= (n7 := o.issued_at) < 8192 else _long(n7)), (_P[n9] if (n9 := len(s8 := o.source.encode())) < 8192 else _long(n9)), s8, _k385[type(u10 := o.payload)](u10),))
 
 
-def _d_Taint402(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
+def _d_Taint413(buf: bytes, pos: int, end: int) -> tuple[_c_Taint, int]:
     f_key: str
     f_value: str
     f_effect: str
-    n404 = _ZL[buf[pos]]
-    if n404 < 0:
-        n404, pos = _rlong(buf, pos)
-        if n404 < 0:
-            raise _length_error(n404, end - pos)
+    n415 = _ZL[buf[pos]]
+    if n415 < 0:
+        n415, pos = _rlong(buf, pos)
+        if n415 < 0:
+            raise _length_error(n415, end - pos)
     else:
         pos += 1
-    q405 = pos + n404
-    if q405 > end:
-        raise _length_error(n404, end - pos)
-    f_key = buf[pos:q405].decode()
-    pos = q405
-    n406 = _ZL[buf[pos]]
-    if n406 < 0:
-        n406, pos = _rlong(buf, pos)
-        if n406 < 0:
-            raise _length_error(n406, end - pos)
+    q416 = pos + n415
+    if q416 > end:
+        raise _length_error(n415, end - pos)
+    f_key = buf[pos:q416].decode()
+    pos = q416
+    n417 = _ZL[buf[pos]]
+    if n417 < 0:
+        n417, pos = _rlong(buf, pos)
+        if n417 < 0:
+            raise _length_error(n417, end - pos)
     else:
         pos += 1
-    q407 = pos + n406
-    if q407 > end:
-        raise _length_error(n406, end - pos)
-    f_value = buf[pos:q407].decode()
-    pos = q407
-    n408 = _ZL[buf[pos]]
-    if n408 < 0:
-        n408, pos = _rlong(buf, pos)
-        if n408 < 0:
-            raise _length_error(n408, end - pos)
+    q418 = pos + n417
+    if q418 > end:
+        raise _length_error(n417, end - pos)
+    f_value = buf[pos:q418].decode()
+    pos = q418
+    n419 = _ZL[buf[pos]]
+    if n419 < 0:
+        n419, pos = _rlong(buf, pos)
+        if n419 < 0:
+            raise _length_error(n419, end - pos)
     else:
         pos += 1
-    q409 = pos + n408
-    if q409 > end:
-        raise _length_error(n408, end - pos)
-    f_effect = buf[pos:q409].decode()
-    pos = q409
+    q420 = pos + n419
+    if q420 > end:
+        raise _length_error(n419, end - pos)
+    f_effect = buf[pos:q420].decode()
+    pos = q420
     o = _c_Taint(f_key, f_value, f_effect)
     return o, pos
 
 
-def _d_AddNode383(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
+def _d_AddNode394(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -680,30 +700,30 @@ def _d_AddNode383(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n385 = _ZL[buf[pos]]
-    if n385 < 0:
-        n385, pos = _rlong(buf, pos)
-        if n385 < 0:
-            raise _length_error(n385, end - pos)
+    n396 = _ZL[buf[pos]]
+    if n396 < 0:
+        n396, pos = _rlong(buf, pos)
+        if n396 < 0:
+            raise _length_error(n396, end - pos)
     else:
         pos += 1
-    q386 = pos + n385
-    if q386 > end:
-        raise _length_error(n385, end - pos)
-    f_node_id = buf[pos:q386].decode()
-    pos = q386
-    n387 = _ZL[buf[pos]]
-    if n387 < 0:
-        n387, pos = _rlong(buf, pos)
-        if n387 < 0:
-            raise _length_error(n387, end - pos)
+    q397 = pos + n396
+    if q397 > end:
+        raise _length_error(n396, end - pos)
+    f_node_id = buf[pos:q397].decode()
+    pos = q397
+    n398 = _ZL[buf[pos]]
+    if n398 < 0:
+        n398, pos = _rlong(buf, pos)
+        if n398 < 0:
+            raise _length_error(n398, end - pos)
     else:
         pos += 1
-    q388 = pos + n387
-    if q388 > end:
-        raise _length_error(n387, end - pos)
-    f_gpu_model = buf[pos:q388].decode()
-    pos = q388
+    q399 = pos + n398
+    if q399 > end:
+        raise _length_error(n398, end - pos)
+    f_gpu_model = buf[pos:q399].decode()
+    pos = q399
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -750,113 +770,113 @@ def _d_AddNode383(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
         pos += 1
         f_labels = {}
     else:
-        acc389: dict[str, Any] = {}
+        acc400: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c390 = _ZD[b]
+                c401 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c390 = (z >> 1) ^ -(z & 1)
+                c401 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c390 = (z >> 1) ^ -(z & 1)
+                c401 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c390, pos = _rlong(buf, pos)
-            if c390 == 0:
+                c401, pos = _rlong(buf, pos)
+            if c401 == 0:
                 break
-            if c390 < 0:
-                c390 = -c390
+            if c401 < 0:
+                c401 = -c401
                 b = buf[pos]
                 if b < 128:
-                    z393 = _ZD[b]
+                    z404 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z393 = (z >> 1) ^ -(z & 1)
+                    z404 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z393 = (z >> 1) ^ -(z & 1)
+                    z404 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z393, pos = _rlong(buf, pos)
-            if c390 * 2 > end - pos:
-                raise _count_error(c390, end - pos)
-            for _ in range(c390):
-                n394 = _ZL[buf[pos]]
-                if n394 < 0:
-                    n394, pos = _rlong(buf, pos)
-                    if n394 < 0:
-                        raise _length_error(n394, end - pos)
+                    z404, pos = _rlong(buf, pos)
+            if c401 * 2 > end - pos:
+                raise _count_error(c401, end - pos)
+            for _ in range(c401):
+                n405 = _ZL[buf[pos]]
+                if n405 < 0:
+                    n405, pos = _rlong(buf, pos)
+                    if n405 < 0:
+                        raise _length_error(n405, end - pos)
                 else:
                     pos += 1
-                q395 = pos + n394
-                if q395 > end:
-                    raise _length_error(n394, end - pos)
-                k392 = buf[pos:q395].decode()
-                pos = q395
-                n396 = _ZL[buf[pos]]
-                if n396 < 0:
-                    n396, pos = _rlong(buf, pos)
-                    if n396 < 0:
-                        raise _length_error(n396, end - pos)
+                q406 = pos + n405
+                if q406 > end:
+                    raise _length_error(n405, end - pos)
+                k403 = buf[pos:q406].decode()
+                pos = q406
+                n407 = _ZL[buf[pos]]
+                if n407 < 0:
+                    n407, pos = _rlong(buf, pos)
+                    if n407 < 0:
+                        raise _length_error(n407, end - pos)
                 else:
                     pos += 1
-                q397 = pos + n396
-                if q397 > end:
-                    raise _length_error(n396, end - pos)
-                x391 = buf[pos:q397].decode()
-                pos = q397
-                acc389[k392] = x391
-        f_labels = acc389
+                q408 = pos + n407
+                if q408 > end:
+                    raise _length_error(n407, end - pos)
+                x402 = buf[pos:q408].decode()
+                pos = q408
+                acc400[k403] = x402
+        f_labels = acc400
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc398: list[Any] = []
+        acc409: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c399 = _ZD[b]
+                c410 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c399 = (z >> 1) ^ -(z & 1)
+                c410 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c399 = (z >> 1) ^ -(z & 1)
+                c410 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c399, pos = _rlong(buf, pos)
-            if c399 == 0:
+                c410, pos = _rlong(buf, pos)
+            if c410 == 0:
                 break
-            if c399 < 0:
-                c399 = -c399
+            if c410 < 0:
+                c410 = -c410
                 b = buf[pos]
                 if b < 128:
-                    z402 = _ZD[b]
+                    z413 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z402 = (z >> 1) ^ -(z & 1)
+                    z413 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z402 = (z >> 1) ^ -(z & 1)
+                    z413 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z402, pos = _rlong(buf, pos)
-            if c399 * 3 > end - pos:
-                raise _count_error(c399, end - pos)
-            for _ in range(c399):
-                x400, pos = _d_Taint402(buf, pos, end)
-                acc398.append(x400)
-        f_taints = tuple(acc398)
+                    z413, pos = _rlong(buf, pos)
+            if c410 * 3 > end - pos:
+                raise _count_error(c410, end - pos)
+            for _ in range(c410):
+                x411, pos = _d_Taint413(buf, pos, end)
+                acc409.append(x411)
+        f_taints = tuple(acc409)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -875,79 +895,79 @@ def _d_AddNode383(buf: bytes, pos: int, end: int) -> tuple[_c_AddNode, int]:
     return o, pos
 
 
-def _d_RemoveNode409(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
+def _d_RemoveNode420(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveNode, int]:
     f_node_id: str
     f_force: bool
-    n411 = _ZL[buf[pos]]
-    if n411 < 0:
-        n411, pos = _rlong(buf, pos)
-        if n411 < 0:
-            raise _length_error(n411, end - pos)
+    n422 = _ZL[buf[pos]]
+    if n422 < 0:
+        n422, pos = _rlong(buf, pos)
+        if n422 < 0:
+            raise _length_error(n422, end - pos)
     else:
         pos += 1
-    q412 = pos + n411
-    if q412 > end:
-        raise _length_error(n411, end - pos)
-    f_node_id = buf[pos:q412].decode()
-    pos = q412
+    q423 = pos + n422
+    if q423 > end:
+        raise _length_error(n422, end - pos)
+    f_node_id = buf[pos:q423].decode()
+    pos = q423
     f_force = buf[pos] != 0
     pos += 1
     o = _c_RemoveNode(f_node_id, f_force)
     return o, pos
 
 
-def _d_CordonNode412(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
+def _d_CordonNode423(buf: bytes, pos: int, end: int) -> tuple[_c_CordonNode, int]:
     f_node_id: str
-    n414 = _ZL[buf[pos]]
-    if n414 < 0:
-        n414, pos = _rlong(buf, pos)
-        if n414 < 0:
-            raise _length_error(n414, end - pos)
+    n425 = _ZL[buf[pos]]
+    if n425 < 0:
+        n425, pos = _rlong(buf, pos)
+        if n425 < 0:
+            raise _length_error(n425, end - pos)
     else:
         pos += 1
-    q415 = pos + n414
-    if q415 > end:
-        raise _length_error(n414, end - pos)
-    f_node_id = buf[pos:q415].decode()
-    pos = q415
+    q426 = pos + n425
+    if q426 > end:
+        raise _length_error(n425, end - pos)
+    f_node_id = buf[pos:q426].decode()
+    pos = q426
     o = _c_CordonNode(f_node_id)
     return o, pos
 
 
-def _d_UncordonNode415(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
+def _d_UncordonNode426(buf: bytes, pos: int, end: int) -> tuple[_c_UncordonNode, int]:
     f_node_id: str
-    n417 = _ZL[buf[pos]]
-    if n417 < 0:
-        n417, pos = _rlong(buf, pos)
-        if n417 < 0:
-            raise _length_error(n417, end - pos)
+    n428 = _ZL[buf[pos]]
+    if n428 < 0:
+        n428, pos = _rlong(buf, pos)
+        if n428 < 0:
+            raise _length_error(n428, end - pos)
     else:
         pos += 1
-    q418 = pos + n417
-    if q418 > end:
-        raise _length_error(n417, end - pos)
-    f_node_id = buf[pos:q418].decode()
-    pos = q418
+    q429 = pos + n428
+    if q429 > end:
+        raise _length_error(n428, end - pos)
+    f_node_id = buf[pos:q429].decode()
+    pos = q429
     o = _c_UncordonNode(f_node_id)
     return o, pos
 
 
-def _d_DrainNode418(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
+def _d_DrainNode429(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     f_node_id: str
     f_grace_ms: int
     f_respect_budgets: bool
-    n420 = _ZL[buf[pos]]
-    if n420 < 0:
-        n420, pos = _rlong(buf, pos)
-        if n420 < 0:
-            raise _length_error(n420, end - pos)
+    n431 = _ZL[buf[pos]]
+    if n431 < 0:
+        n431, pos = _rlong(buf, pos)
+        if n431 < 0:
+            raise _length_error(n431, end - pos)
     else:
         pos += 1
-    q421 = pos + n420
-    if q421 > end:
-        raise _length_error(n420, end - pos)
-    f_node_id = buf[pos:q421].decode()
-    pos = q421
+    q432 = pos + n431
+    if q432 > end:
+        raise _length_error(n431, end - pos)
+    f_node_id = buf[pos:q432].decode()
+    pos = q432
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -968,95 +988,95 @@ def _d_DrainNode418(buf: bytes, pos: int, end: int) -> tuple[_c_DrainNode, int]:
     return o, pos
 
 
-def _d_MarkNodeFailed421(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
+def _d_MarkNodeFailed432(buf: bytes, pos: int, end: int) -> tuple[_c_MarkNodeFailed, int]:
     f_node_id: str
     f_reason: str
-    n423 = _ZL[buf[pos]]
-    if n423 < 0:
-        n423, pos = _rlong(buf, pos)
-        if n423 < 0:
-            raise _length_error(n423, end - pos)
+    n434 = _ZL[buf[pos]]
+    if n434 < 0:
+        n434, pos = _rlong(buf, pos)
+        if n434 < 0:
+            raise _length_error(n434, end - pos)
     else:
         pos += 1
-    q424 = pos + n423
-    if q424 > end:
-        raise _length_error(n423, end - pos)
-    f_node_id = buf[pos:q424].decode()
-    pos = q424
-    n425 = _ZL[buf[pos]]
-    if n425 < 0:
-        n425, pos = _rlong(buf, pos)
-        if n425 < 0:
-            raise _length_error(n425, end - pos)
+    q435 = pos + n434
+    if q435 > end:
+        raise _length_error(n434, end - pos)
+    f_node_id = buf[pos:q435].decode()
+    pos = q435
+    n436 = _ZL[buf[pos]]
+    if n436 < 0:
+        n436, pos = _rlong(buf, pos)
+        if n436 < 0:
+            raise _length_error(n436, end - pos)
     else:
         pos += 1
-    q426 = pos + n425
-    if q426 > end:
-        raise _length_error(n425, end - pos)
-    f_reason = buf[pos:q426].decode()
-    pos = q426
+    q437 = pos + n436
+    if q437 > end:
+        raise _length_error(n436, end - pos)
+    f_reason = buf[pos:q437].decode()
+    pos = q437
     o = _c_MarkNodeFailed(f_node_id, f_reason)
     return o, pos
 
 
-def _d_Toleration452(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
+def _d_Toleration463(buf: bytes, pos: int, end: int) -> tuple[_c_Toleration, int]:
     f_key: str
     f_operator: str
     f_value: str
     f_effect: str
-    n454 = _ZL[buf[pos]]
-    if n454 < 0:
-        n454, pos = _rlong(buf, pos)
-        if n454 < 0:
-            raise _length_error(n454, end - pos)
+    n465 = _ZL[buf[pos]]
+    if n465 < 0:
+        n465, pos = _rlong(buf, pos)
+        if n465 < 0:
+            raise _length_error(n465, end - pos)
     else:
         pos += 1
-    q455 = pos + n454
-    if q455 > end:
-        raise _length_error(n454, end - pos)
-    f_key = buf[pos:q455].decode()
-    pos = q455
-    n456 = _ZL[buf[pos]]
-    if n456 < 0:
-        n456, pos = _rlong(buf, pos)
-        if n456 < 0:
-            raise _length_error(n456, end - pos)
+    q466 = pos + n465
+    if q466 > end:
+        raise _length_error(n465, end - pos)
+    f_key = buf[pos:q466].decode()
+    pos = q466
+    n467 = _ZL[buf[pos]]
+    if n467 < 0:
+        n467, pos = _rlong(buf, pos)
+        if n467 < 0:
+            raise _length_error(n467, end - pos)
     else:
         pos += 1
-    q457 = pos + n456
-    if q457 > end:
-        raise _length_error(n456, end - pos)
-    f_operator = buf[pos:q457].decode()
-    pos = q457
-    n458 = _ZL[buf[pos]]
-    if n458 < 0:
-        n458, pos = _rlong(buf, pos)
-        if n458 < 0:
-            raise _length_error(n458, end - pos)
+    q468 = pos + n467
+    if q468 > end:
+        raise _length_error(n467, end - pos)
+    f_operator = buf[pos:q468].decode()
+    pos = q468
+    n469 = _ZL[buf[pos]]
+    if n469 < 0:
+        n469, pos = _rlong(buf, pos)
+        if n469 < 0:
+            raise _length_error(n469, end - pos)
     else:
         pos += 1
-    q459 = pos + n458
-    if q459 > end:
-        raise _length_error(n458, end - pos)
-    f_value = buf[pos:q459].decode()
-    pos = q459
-    n460 = _ZL[buf[pos]]
-    if n460 < 0:
-        n460, pos = _rlong(buf, pos)
-        if n460 < 0:
-            raise _length_error(n460, end - pos)
+    q470 = pos + n469
+    if q470 > end:
+        raise _length_error(n469, end - pos)
+    f_value = buf[pos:q470].decode()
+    pos = q470
+    n471 = _ZL[buf[pos]]
+    if n471 < 0:
+        n471, pos = _rlong(buf, pos)
+        if n471 < 0:
+            raise _length_error(n471, end - pos)
     else:
         pos += 1
-    q461 = pos + n460
-    if q461 > end:
-        raise _length_error(n460, end - pos)
-    f_effect = buf[pos:q461].decode()
-    pos = q461
+    q472 = pos + n471
+    if q472 > end:
+        raise _length_error(n471, end - pos)
+    f_effect = buf[pos:q472].decode()
+    pos = q472
     o = _c_Toleration(f_key, f_operator, f_value, f_effect)
     return o, pos
 
 
-def _d_Retry474(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
+def _d_Retry485(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     f_max_retries: int
     f_backoff_ms: int
     f_backoff_max_ms: int
@@ -1106,7 +1126,7 @@ def _d_Retry474(buf: bytes, pos: int, end: int) -> tuple[_c_Retry, int]:
     return o, pos
 
 
-def _d_SubmitPod426(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
+def _d_SubmitPod437(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -1125,30 +1145,30 @@ def _d_SubmitPod426(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n428 = _ZL[buf[pos]]
-    if n428 < 0:
-        n428, pos = _rlong(buf, pos)
-        if n428 < 0:
-            raise _length_error(n428, end - pos)
+    n439 = _ZL[buf[pos]]
+    if n439 < 0:
+        n439, pos = _rlong(buf, pos)
+        if n439 < 0:
+            raise _length_error(n439, end - pos)
     else:
         pos += 1
-    q429 = pos + n428
-    if q429 > end:
-        raise _length_error(n428, end - pos)
-    f_pod_id = buf[pos:q429].decode()
-    pos = q429
-    n430 = _ZL[buf[pos]]
-    if n430 < 0:
-        n430, pos = _rlong(buf, pos)
-        if n430 < 0:
-            raise _length_error(n430, end - pos)
+    q440 = pos + n439
+    if q440 > end:
+        raise _length_error(n439, end - pos)
+    f_pod_id = buf[pos:q440].decode()
+    pos = q440
+    n441 = _ZL[buf[pos]]
+    if n441 < 0:
+        n441, pos = _rlong(buf, pos)
+        if n441 < 0:
+            raise _length_error(n441, end - pos)
     else:
         pos += 1
-    q431 = pos + n430
-    if q431 > end:
-        raise _length_error(n430, end - pos)
-    f_tenant = buf[pos:q431].decode()
-    pos = q431
+    q442 = pos + n441
+    if q442 > end:
+        raise _length_error(n441, end - pos)
+    f_tenant = buf[pos:q442].decode()
+    pos = q442
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -1223,185 +1243,185 @@ def _d_SubmitPod426(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc432: list[Any] = []
+        acc443: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c433 = _ZD[b]
+                c444 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c433 = (z >> 1) ^ -(z & 1)
+                c444 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c433 = (z >> 1) ^ -(z & 1)
+                c444 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c433, pos = _rlong(buf, pos)
-            if c433 == 0:
+                c444, pos = _rlong(buf, pos)
+            if c444 == 0:
                 break
-            if c433 < 0:
-                c433 = -c433
+            if c444 < 0:
+                c444 = -c444
                 b = buf[pos]
                 if b < 128:
-                    z436 = _ZD[b]
+                    z447 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z436 = (z >> 1) ^ -(z & 1)
+                    z447 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z436 = (z >> 1) ^ -(z & 1)
+                    z447 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z436, pos = _rlong(buf, pos)
-            if c433 * 1 > end - pos:
-                raise _count_error(c433, end - pos)
-            for _ in range(c433):
-                n437 = _ZL[buf[pos]]
-                if n437 < 0:
-                    n437, pos = _rlong(buf, pos)
-                    if n437 < 0:
-                        raise _length_error(n437, end - pos)
+                    z447, pos = _rlong(buf, pos)
+            if c444 * 1 > end - pos:
+                raise _count_error(c444, end - pos)
+            for _ in range(c444):
+                n448 = _ZL[buf[pos]]
+                if n448 < 0:
+                    n448, pos = _rlong(buf, pos)
+                    if n448 < 0:
+                        raise _length_error(n448, end - pos)
                 else:
                     pos += 1
-                q438 = pos + n437
-                if q438 > end:
-                    raise _length_error(n437, end - pos)
-                x434 = buf[pos:q438].decode()
-                pos = q438
-                acc432.append(x434)
-        f_gpu_models = tuple(acc432)
+                q449 = pos + n448
+                if q449 > end:
+                    raise _length_error(n448, end - pos)
+                x445 = buf[pos:q449].decode()
+                pos = q449
+                acc443.append(x445)
+        f_gpu_models = tuple(acc443)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc439: dict[str, Any] = {}
+        acc450: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c440 = _ZD[b]
+                c451 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c440 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c440 = (z >> 1) ^ -(z & 1)
+                c451 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c440, pos = _rlong(buf, pos)
-            if c440 == 0:
+                c451, pos = _rlong(buf, pos)
+            if c451 == 0:
                 break
-            if c440 < 0:
-                c440 = -c440
+            if c451 < 0:
+                c451 = -c451
                 b = buf[pos]
                 if b < 128:
-                    z443 = _ZD[b]
+                    z454 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z443 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z443 = (z >> 1) ^ -(z & 1)
+                    z454 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z443, pos = _rlong(buf, pos)
-            if c440 * 2 > end - pos:
-                raise _count_error(c440, end - pos)
-            for _ in range(c440):
-                n444 = _ZL[buf[pos]]
-                if n444 < 0:
-                    n444, pos = _rlong(buf, pos)
-                    if n444 < 0:
-                        raise _length_error(n444, end - pos)
+                    z454, pos = _rlong(buf, pos)
+            if c451 * 2 > end - pos:
+                raise _count_error(c451, end - pos)
+            for _ in range(c451):
+                n455 = _ZL[buf[pos]]
+                if n455 < 0:
+                    n455, pos = _rlong(buf, pos)
+                    if n455 < 0:
+                        raise _length_error(n455, end - pos)
                 else:
                     pos += 1
-                q445 = pos + n444
-                if q445 > end:
-                    raise _length_error(n444, end - pos)
-                k442 = buf[pos:q445].decode()
-                pos = q445
-                n446 = _ZL[buf[pos]]
-                if n446 < 0:
-                    n446, pos = _rlong(buf, pos)
-                    if n446 < 0:
-                        raise _length_error(n446, end - pos)
+                q456 = pos + n455
+                if q456 > end:
+                    raise _length_error(n455, end - pos)
+                k453 = buf[pos:q456].decode()
+                pos = q456
+                n457 = _ZL[buf[pos]]
+                if n457 < 0:
+                    n457, pos = _rlong(buf, pos)
+                    if n457 < 0:
+                        raise _length_error(n457, end - pos)
                 else:
                     pos += 1
-                q447 = pos + n446
-                if q447 > end:
-                    raise _length_error(n446, end - pos)
-                x441 = buf[pos:q447].decode()
-                pos = q447
-                acc439[k442] = x441
-        f_node_selector = acc439
+                q458 = pos + n457
+                if q458 > end:
+                    raise _length_error(n457, end - pos)
+                x452 = buf[pos:q458].decode()
+                pos = q458
+                acc450[k453] = x452
+        f_node_selector = acc450
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc448: list[Any] = []
+        acc459: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c449 = _ZD[b]
+                c460 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c449 = (z >> 1) ^ -(z & 1)
+                c460 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c449 = (z >> 1) ^ -(z & 1)
+                c460 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c449, pos = _rlong(buf, pos)
-            if c449 == 0:
+                c460, pos = _rlong(buf, pos)
+            if c460 == 0:
                 break
-            if c449 < 0:
-                c449 = -c449
+            if c460 < 0:
+                c460 = -c460
                 b = buf[pos]
                 if b < 128:
-                    z452 = _ZD[b]
+                    z463 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z452 = (z >> 1) ^ -(z & 1)
+                    z463 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z452 = (z >> 1) ^ -(z & 1)
+                    z463 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z452, pos = _rlong(buf, pos)
-            if c449 * 4 > end - pos:
-                raise _count_error(c449, end - pos)
-            for _ in range(c449):
-                x450, pos = _d_Toleration452(buf, pos, end)
-                acc448.append(x450)
-        f_tolerations = tuple(acc448)
+                    z463, pos = _rlong(buf, pos)
+            if c460 * 4 > end - pos:
+                raise _count_error(c460, end - pos)
+            for _ in range(c460):
+                x461, pos = _d_Toleration463(buf, pos, end)
+                acc459.append(x461)
+        f_tolerations = tuple(acc459)
     b = buf[pos]
     if b < 128:
-        i462 = _ZD[b]
+        i473 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i462 = (z >> 1) ^ -(z & 1)
+        i473 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i462 = (z >> 1) ^ -(z & 1)
+        i473 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i462, pos = _rlong(buf, pos)
-    if i462 == 0:
+        i473, pos = _rlong(buf, pos)
+    if i473 == 0:
         f_time_limit_ms = None
-    elif i462 == 1:
+    elif i473 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -1417,86 +1437,86 @@ def _d_SubmitPod426(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i462, 2)
+        raise _union_error(i473, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc463: list[Any] = []
+        acc474: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c464 = _ZD[b]
+                c475 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c464 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c464 = (z >> 1) ^ -(z & 1)
+                c475 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c464, pos = _rlong(buf, pos)
-            if c464 == 0:
+                c475, pos = _rlong(buf, pos)
+            if c475 == 0:
                 break
-            if c464 < 0:
-                c464 = -c464
+            if c475 < 0:
+                c475 = -c475
                 b = buf[pos]
                 if b < 128:
-                    z467 = _ZD[b]
+                    z478 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z467 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z467 = (z >> 1) ^ -(z & 1)
+                    z478 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z467, pos = _rlong(buf, pos)
-            if c464 * 1 > end - pos:
-                raise _count_error(c464, end - pos)
-            for _ in range(c464):
-                n468 = _ZL[buf[pos]]
-                if n468 < 0:
-                    n468, pos = _rlong(buf, pos)
-                    if n468 < 0:
-                        raise _length_error(n468, end - pos)
+                    z478, pos = _rlong(buf, pos)
+            if c475 * 1 > end - pos:
+                raise _count_error(c475, end - pos)
+            for _ in range(c475):
+                n479 = _ZL[buf[pos]]
+                if n479 < 0:
+                    n479, pos = _rlong(buf, pos)
+                    if n479 < 0:
+                        raise _length_error(n479, end - pos)
                 else:
                     pos += 1
-                q469 = pos + n468
-                if q469 > end:
-                    raise _length_error(n468, end - pos)
-                x465 = buf[pos:q469].decode()
-                pos = q469
-                acc463.append(x465)
-        f_depends_on = tuple(acc463)
-    n470 = _ZL[buf[pos]]
-    if n470 < 0:
-        n470, pos = _rlong(buf, pos)
-        if n470 < 0:
-            raise _length_error(n470, end - pos)
+                q480 = pos + n479
+                if q480 > end:
+                    raise _length_error(n479, end - pos)
+                x476 = buf[pos:q480].decode()
+                pos = q480
+                acc474.append(x476)
+        f_depends_on = tuple(acc474)
+    n481 = _ZL[buf[pos]]
+    if n481 < 0:
+        n481, pos = _rlong(buf, pos)
+        if n481 < 0:
+            raise _length_error(n481, end - pos)
     else:
         pos += 1
-    q471 = pos + n470
-    if q471 > end:
-        raise _length_error(n470, end - pos)
-    f_dependency = buf[pos:q471].decode()
-    pos = q471
-    n472 = _ZL[buf[pos]]
-    if n472 < 0:
-        n472, pos = _rlong(buf, pos)
-        if n472 < 0:
-            raise _length_error(n472, end - pos)
+    q482 = pos + n481
+    if q482 > end:
+        raise _length_error(n481, end - pos)
+    f_dependency = buf[pos:q482].decode()
+    pos = q482
+    n483 = _ZL[buf[pos]]
+    if n483 < 0:
+        n483, pos = _rlong(buf, pos)
+        if n483 < 0:
+            raise _length_error(n483, end - pos)
     else:
         pos += 1
-    q473 = pos + n472
-    if q473 > end:
-        raise _length_error(n472, end - pos)
-    f_preemption = buf[pos:q473].decode()
-    pos = q473
+    q484 = pos + n483
+    if q484 > end:
+        raise _length_error(n483, end - pos)
+    f_preemption = buf[pos:q484].decode()
+    pos = q484
     f_movable = buf[pos] != 0
     pos += 1
     b = buf[pos]
@@ -1515,119 +1535,119 @@ def _d_SubmitPod426(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitPod, int]:
         f_gpu_memory_mib, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i474 = _ZD[b]
+        i485 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i474 = (z >> 1) ^ -(z & 1)
+        i485 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i474 = (z >> 1) ^ -(z & 1)
+        i485 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i474, pos = _rlong(buf, pos)
-    if i474 == 0:
+        i485, pos = _rlong(buf, pos)
+    if i485 == 0:
         f_retry = None
-    elif i474 == 1:
-        f_retry, pos = _d_Retry474(buf, pos, end)
+    elif i485 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
     else:
-        raise _union_error(i474, 2)
+        raise _union_error(i485, 2)
     f_preemptible = buf[pos] != 0
     pos += 1
     o = _c_SubmitPod(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
     return o, pos
 
 
-def _d_Release475(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
+def _d_Release486(buf: bytes, pos: int, end: int) -> tuple[_c_Release, int]:
     f_pod_id: str
     f_reason: str
-    n477 = _ZL[buf[pos]]
-    if n477 < 0:
-        n477, pos = _rlong(buf, pos)
-        if n477 < 0:
-            raise _length_error(n477, end - pos)
+    n488 = _ZL[buf[pos]]
+    if n488 < 0:
+        n488, pos = _rlong(buf, pos)
+        if n488 < 0:
+            raise _length_error(n488, end - pos)
     else:
         pos += 1
-    q478 = pos + n477
-    if q478 > end:
-        raise _length_error(n477, end - pos)
-    f_pod_id = buf[pos:q478].decode()
-    pos = q478
-    n479 = _ZL[buf[pos]]
-    if n479 < 0:
-        n479, pos = _rlong(buf, pos)
-        if n479 < 0:
-            raise _length_error(n479, end - pos)
+    q489 = pos + n488
+    if q489 > end:
+        raise _length_error(n488, end - pos)
+    f_pod_id = buf[pos:q489].decode()
+    pos = q489
+    n490 = _ZL[buf[pos]]
+    if n490 < 0:
+        n490, pos = _rlong(buf, pos)
+        if n490 < 0:
+            raise _length_error(n490, end - pos)
     else:
         pos += 1
-    q480 = pos + n479
-    if q480 > end:
-        raise _length_error(n479, end - pos)
-    f_reason = buf[pos:q480].decode()
-    pos = q480
+    q491 = pos + n490
+    if q491 > end:
+        raise _length_error(n490, end - pos)
+    f_reason = buf[pos:q491].decode()
+    pos = q491
     o = _c_Release(f_pod_id, f_reason)
     return o, pos
 
 
-def _d_QuotaPreemption503(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
+def _d_QuotaPreemption514(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreemption, int]:
     f_within_tenant: str
     f_reclaim_within_cohort: str
     f_borrow_within_cohort: str
     f_borrow_max_victim_priority: Any
-    n505 = _ZL[buf[pos]]
-    if n505 < 0:
-        n505, pos = _rlong(buf, pos)
-        if n505 < 0:
-            raise _length_error(n505, end - pos)
+    n516 = _ZL[buf[pos]]
+    if n516 < 0:
+        n516, pos = _rlong(buf, pos)
+        if n516 < 0:
+            raise _length_error(n516, end - pos)
     else:
         pos += 1
-    q506 = pos + n505
-    if q506 > end:
-        raise _length_error(n505, end - pos)
-    f_within_tenant = buf[pos:q506].decode()
-    pos = q506
-    n507 = _ZL[buf[pos]]
-    if n507 < 0:
-        n507, pos = _rlong(buf, pos)
-        if n507 < 0:
-            raise _length_error(n507, end - pos)
+    q517 = pos + n516
+    if q517 > end:
+        raise _length_error(n516, end - pos)
+    f_within_tenant = buf[pos:q517].decode()
+    pos = q517
+    n518 = _ZL[buf[pos]]
+    if n518 < 0:
+        n518, pos = _rlong(buf, pos)
+        if n518 < 0:
+            raise _length_error(n518, end - pos)
     else:
         pos += 1
-    q508 = pos + n507
-    if q508 > end:
-        raise _length_error(n507, end - pos)
-    f_reclaim_within_cohort = buf[pos:q508].decode()
-    pos = q508
-    n509 = _ZL[buf[pos]]
-    if n509 < 0:
-        n509, pos = _rlong(buf, pos)
-        if n509 < 0:
-            raise _length_error(n509, end - pos)
+    q519 = pos + n518
+    if q519 > end:
+        raise _length_error(n518, end - pos)
+    f_reclaim_within_cohort = buf[pos:q519].decode()
+    pos = q519
+    n520 = _ZL[buf[pos]]
+    if n520 < 0:
+        n520, pos = _rlong(buf, pos)
+        if n520 < 0:
+            raise _length_error(n520, end - pos)
     else:
         pos += 1
-    q510 = pos + n509
-    if q510 > end:
-        raise _length_error(n509, end - pos)
-    f_borrow_within_cohort = buf[pos:q510].decode()
-    pos = q510
+    q521 = pos + n520
+    if q521 > end:
+        raise _length_error(n520, end - pos)
+    f_borrow_within_cohort = buf[pos:q521].decode()
+    pos = q521
     b = buf[pos]
     if b < 128:
-        i511 = _ZD[b]
+        i522 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i511 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i511 = (z >> 1) ^ -(z & 1)
+        i522 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i511, pos = _rlong(buf, pos)
-    if i511 == 0:
+        i522, pos = _rlong(buf, pos)
+    if i522 == 0:
         f_borrow_max_victim_priority = None
-    elif i511 == 1:
+    elif i522 == 1:
         b = buf[pos]
         if b < 128:
             f_borrow_max_victim_priority = _ZD[b]
@@ -1643,12 +1663,12 @@ def _d_QuotaPreemption503(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaPreem
         else:
             f_borrow_max_victim_priority, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i511, 2)
+        raise _union_error(i522, 2)
     o = _c_QuotaPreemption(f_within_tenant, f_reclaim_within_cohort, f_borrow_within_cohort, f_borrow_max_victim_priority)
     return o, pos
 
 
-def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
+def _d_Quota498(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_cohort: Any
     f_nominal_gpus: dict[str, Any]
     f_nominal_cpu_milli: Any
@@ -1657,139 +1677,6 @@ def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     f_lending_limit_gpus: Any
     f_weight: int
     f_preemption: Any
-    b = buf[pos]
-    if b < 128:
-        i489 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i489 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i489 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i489, pos = _rlong(buf, pos)
-    if i489 == 0:
-        f_cohort = None
-    elif i489 == 1:
-        n490 = _ZL[buf[pos]]
-        if n490 < 0:
-            n490, pos = _rlong(buf, pos)
-            if n490 < 0:
-                raise _length_error(n490, end - pos)
-        else:
-            pos += 1
-        q491 = pos + n490
-        if q491 > end:
-            raise _length_error(n490, end - pos)
-        f_cohort = buf[pos:q491].decode()
-        pos = q491
-    else:
-        raise _union_error(i489, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_nominal_gpus = {}
-    else:
-        acc492: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c493 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c493 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c493 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c493, pos = _rlong(buf, pos)
-            if c493 == 0:
-                break
-            if c493 < 0:
-                c493 = -c493
-                b = buf[pos]
-                if b < 128:
-                    z496 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z496 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z496 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z496, pos = _rlong(buf, pos)
-            if c493 * 2 > end - pos:
-                raise _count_error(c493, end - pos)
-            for _ in range(c493):
-                n497 = _ZL[buf[pos]]
-                if n497 < 0:
-                    n497, pos = _rlong(buf, pos)
-                    if n497 < 0:
-                        raise _length_error(n497, end - pos)
-                else:
-                    pos += 1
-                q498 = pos + n497
-                if q498 > end:
-                    raise _length_error(n497, end - pos)
-                k495 = buf[pos:q498].decode()
-                pos = q498
-                b = buf[pos]
-                if b < 128:
-                    x494 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    x494 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x494 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    x494, pos = _rlong(buf, pos)
-                acc492[k495] = x494
-        f_nominal_gpus = acc492
-    b = buf[pos]
-    if b < 128:
-        i499 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i499 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i499 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i499, pos = _rlong(buf, pos)
-    if i499 == 0:
-        f_nominal_cpu_milli = None
-    elif i499 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_nominal_cpu_milli = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_nominal_cpu_milli, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i499, 2)
     b = buf[pos]
     if b < 128:
         i500 = _ZD[b]
@@ -1805,8 +1692,141 @@ def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
     else:
         i500, pos = _rlong(buf, pos)
     if i500 == 0:
-        f_nominal_memory_mib = None
+        f_cohort = None
     elif i500 == 1:
+        n501 = _ZL[buf[pos]]
+        if n501 < 0:
+            n501, pos = _rlong(buf, pos)
+            if n501 < 0:
+                raise _length_error(n501, end - pos)
+        else:
+            pos += 1
+        q502 = pos + n501
+        if q502 > end:
+            raise _length_error(n501, end - pos)
+        f_cohort = buf[pos:q502].decode()
+        pos = q502
+    else:
+        raise _union_error(i500, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_nominal_gpus = {}
+    else:
+        acc503: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c504 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c504 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c504 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c504, pos = _rlong(buf, pos)
+            if c504 == 0:
+                break
+            if c504 < 0:
+                c504 = -c504
+                b = buf[pos]
+                if b < 128:
+                    z507 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z507 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z507 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z507, pos = _rlong(buf, pos)
+            if c504 * 2 > end - pos:
+                raise _count_error(c504, end - pos)
+            for _ in range(c504):
+                n508 = _ZL[buf[pos]]
+                if n508 < 0:
+                    n508, pos = _rlong(buf, pos)
+                    if n508 < 0:
+                        raise _length_error(n508, end - pos)
+                else:
+                    pos += 1
+                q509 = pos + n508
+                if q509 > end:
+                    raise _length_error(n508, end - pos)
+                k506 = buf[pos:q509].decode()
+                pos = q509
+                b = buf[pos]
+                if b < 128:
+                    x505 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x505 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x505 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x505, pos = _rlong(buf, pos)
+                acc503[k506] = x505
+        f_nominal_gpus = acc503
+    b = buf[pos]
+    if b < 128:
+        i510 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i510 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i510 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i510, pos = _rlong(buf, pos)
+    if i510 == 0:
+        f_nominal_cpu_milli = None
+    elif i510 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_nominal_cpu_milli = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_nominal_cpu_milli = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_nominal_cpu_milli, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i510, 2)
+    b = buf[pos]
+    if b < 128:
+        i511 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i511 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i511 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i511, pos = _rlong(buf, pos)
+    if i511 == 0:
+        f_nominal_memory_mib = None
+    elif i511 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -1822,24 +1842,24 @@ def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i500, 2)
+        raise _union_error(i511, 2)
     b = buf[pos]
     if b < 128:
-        i501 = _ZD[b]
+        i512 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i501 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i501 = (z >> 1) ^ -(z & 1)
+        i512 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i501, pos = _rlong(buf, pos)
-    if i501 == 0:
+        i512, pos = _rlong(buf, pos)
+    if i512 == 0:
         f_borrowing_limit_gpus = None
-    elif i501 == 1:
+    elif i512 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -1855,24 +1875,24 @@ def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i501, 2)
+        raise _union_error(i512, 2)
     b = buf[pos]
     if b < 128:
-        i502 = _ZD[b]
+        i513 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i502 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i502 = (z >> 1) ^ -(z & 1)
+        i513 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i502, pos = _rlong(buf, pos)
-    if i502 == 0:
+        i513, pos = _rlong(buf, pos)
+    if i513 == 0:
         f_lending_limit_gpus = None
-    elif i502 == 1:
+    elif i513 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -1888,7 +1908,7 @@ def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i502, 2)
+        raise _union_error(i513, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -1905,63 +1925,63 @@ def _d_Quota487(buf: bytes, pos: int, end: int) -> tuple[_c_Quota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i503 = _ZD[b]
+        i514 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i503 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i503 = (z >> 1) ^ -(z & 1)
+        i514 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i503, pos = _rlong(buf, pos)
-    if i503 == 0:
+        i514, pos = _rlong(buf, pos)
+    if i514 == 0:
         f_preemption = None
-    elif i503 == 1:
-        f_preemption, pos = _d_QuotaPreemption503(buf, pos, end)
+    elif i514 == 1:
+        f_preemption, pos = _d_QuotaPreemption514(buf, pos, end)
     else:
-        raise _union_error(i503, 2)
+        raise _union_error(i514, 2)
     o = _c_Quota(f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_SetPolicy480(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
+def _d_SetPolicy491(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
     f_policy: str
     f_reserve_after_ms: Any
     f_queue_order: str
     f_default_quota: Any
     f_max_clock_jump_ms: Any
-    n482 = _ZL[buf[pos]]
-    if n482 < 0:
-        n482, pos = _rlong(buf, pos)
-        if n482 < 0:
-            raise _length_error(n482, end - pos)
+    n493 = _ZL[buf[pos]]
+    if n493 < 0:
+        n493, pos = _rlong(buf, pos)
+        if n493 < 0:
+            raise _length_error(n493, end - pos)
     else:
         pos += 1
-    q483 = pos + n482
-    if q483 > end:
-        raise _length_error(n482, end - pos)
-    f_policy = buf[pos:q483].decode()
-    pos = q483
+    q494 = pos + n493
+    if q494 > end:
+        raise _length_error(n493, end - pos)
+    f_policy = buf[pos:q494].decode()
+    pos = q494
     b = buf[pos]
     if b < 128:
-        i484 = _ZD[b]
+        i495 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i484 = (z >> 1) ^ -(z & 1)
+        i495 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i484 = (z >> 1) ^ -(z & 1)
+        i495 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i484, pos = _rlong(buf, pos)
-    if i484 == 0:
+        i495, pos = _rlong(buf, pos)
+    if i495 == 0:
         f_reserve_after_ms = None
-    elif i484 == 1:
+    elif i495 == 1:
         b = buf[pos]
         if b < 128:
             f_reserve_after_ms = _ZD[b]
@@ -1977,56 +1997,56 @@ def _d_SetPolicy480(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_reserve_after_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i484, 2)
-    n485 = _ZL[buf[pos]]
-    if n485 < 0:
-        n485, pos = _rlong(buf, pos)
-        if n485 < 0:
-            raise _length_error(n485, end - pos)
+        raise _union_error(i495, 2)
+    n496 = _ZL[buf[pos]]
+    if n496 < 0:
+        n496, pos = _rlong(buf, pos)
+        if n496 < 0:
+            raise _length_error(n496, end - pos)
     else:
         pos += 1
-    q486 = pos + n485
-    if q486 > end:
-        raise _length_error(n485, end - pos)
-    f_queue_order = buf[pos:q486].decode()
-    pos = q486
+    q497 = pos + n496
+    if q497 > end:
+        raise _length_error(n496, end - pos)
+    f_queue_order = buf[pos:q497].decode()
+    pos = q497
     b = buf[pos]
     if b < 128:
-        i487 = _ZD[b]
+        i498 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i487 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i487 = (z >> 1) ^ -(z & 1)
+        i498 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i487, pos = _rlong(buf, pos)
-    if i487 == 0:
+        i498, pos = _rlong(buf, pos)
+    if i498 == 0:
         f_default_quota = None
-    elif i487 == 1:
-        f_default_quota, pos = _d_Quota487(buf, pos, end)
+    elif i498 == 1:
+        f_default_quota, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i487, 2)
+        raise _union_error(i498, 2)
     b = buf[pos]
     if b < 128:
-        i512 = _ZD[b]
+        i523 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i512 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i512 = (z >> 1) ^ -(z & 1)
+        i523 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i512, pos = _rlong(buf, pos)
-    if i512 == 0:
+        i523, pos = _rlong(buf, pos)
+    if i523 == 0:
         f_max_clock_jump_ms = None
-    elif i512 == 1:
+    elif i523 == 1:
         b = buf[pos]
         if b < 128:
             f_max_clock_jump_ms = _ZD[b]
@@ -2042,12 +2062,12 @@ def _d_SetPolicy480(buf: bytes, pos: int, end: int) -> tuple[_c_SetPolicy, int]:
         else:
             f_max_clock_jump_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i512, 2)
+        raise _union_error(i523, 2)
     o = _c_SetPolicy(f_policy, f_reserve_after_ms, f_queue_order, f_default_quota, f_max_clock_jump_ms)
     return o, pos
 
 
-def _d_GangMember522(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
+def _d_GangMember533(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int]:
     f_pod_id: str
     f_num_gpu: int
     f_gpu_milli: int
@@ -2056,18 +2076,19 @@ def _d_GangMember522(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
     f_gpu_models: tuple[Any, ...]
     f_node_selector: dict[str, Any]
     f_tolerations: tuple[Any, ...]
-    n524 = _ZL[buf[pos]]
-    if n524 < 0:
-        n524, pos = _rlong(buf, pos)
-        if n524 < 0:
-            raise _length_error(n524, end - pos)
+    f_role: Any
+    n535 = _ZL[buf[pos]]
+    if n535 < 0:
+        n535, pos = _rlong(buf, pos)
+        if n535 < 0:
+            raise _length_error(n535, end - pos)
     else:
         pos += 1
-    q525 = pos + n524
-    if q525 > end:
-        raise _length_error(n524, end - pos)
-    f_pod_id = buf[pos:q525].decode()
-    pos = q525
+    q536 = pos + n535
+    if q536 > end:
+        raise _length_error(n535, end - pos)
+    f_pod_id = buf[pos:q536].decode()
+    pos = q536
     b = buf[pos]
     if b < 128:
         f_num_gpu = _ZD[b]
@@ -2128,173 +2149,204 @@ def _d_GangMember522(buf: bytes, pos: int, end: int) -> tuple[_c_GangMember, int
         pos += 1
         f_gpu_models = ()
     else:
-        acc526: list[Any] = []
+        acc537: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c527 = _ZD[b]
+                c538 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c527 = (z >> 1) ^ -(z & 1)
+                c538 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c527 = (z >> 1) ^ -(z & 1)
+                c538 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c527, pos = _rlong(buf, pos)
-            if c527 == 0:
+                c538, pos = _rlong(buf, pos)
+            if c538 == 0:
                 break
-            if c527 < 0:
-                c527 = -c527
+            if c538 < 0:
+                c538 = -c538
                 b = buf[pos]
                 if b < 128:
-                    z530 = _ZD[b]
+                    z541 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z530 = (z >> 1) ^ -(z & 1)
+                    z541 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z530 = (z >> 1) ^ -(z & 1)
+                    z541 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z530, pos = _rlong(buf, pos)
-            if c527 * 1 > end - pos:
-                raise _count_error(c527, end - pos)
-            for _ in range(c527):
-                n531 = _ZL[buf[pos]]
-                if n531 < 0:
-                    n531, pos = _rlong(buf, pos)
-                    if n531 < 0:
-                        raise _length_error(n531, end - pos)
+                    z541, pos = _rlong(buf, pos)
+            if c538 * 1 > end - pos:
+                raise _count_error(c538, end - pos)
+            for _ in range(c538):
+                n542 = _ZL[buf[pos]]
+                if n542 < 0:
+                    n542, pos = _rlong(buf, pos)
+                    if n542 < 0:
+                        raise _length_error(n542, end - pos)
                 else:
                     pos += 1
-                q532 = pos + n531
-                if q532 > end:
-                    raise _length_error(n531, end - pos)
-                x528 = buf[pos:q532].decode()
-                pos = q532
-                acc526.append(x528)
-        f_gpu_models = tuple(acc526)
+                q543 = pos + n542
+                if q543 > end:
+                    raise _length_error(n542, end - pos)
+                x539 = buf[pos:q543].decode()
+                pos = q543
+                acc537.append(x539)
+        f_gpu_models = tuple(acc537)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc533: dict[str, Any] = {}
+        acc544: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c534 = _ZD[b]
+                c545 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c534 = (z >> 1) ^ -(z & 1)
+                c545 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c534 = (z >> 1) ^ -(z & 1)
+                c545 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c534, pos = _rlong(buf, pos)
-            if c534 == 0:
+                c545, pos = _rlong(buf, pos)
+            if c545 == 0:
                 break
-            if c534 < 0:
-                c534 = -c534
+            if c545 < 0:
+                c545 = -c545
                 b = buf[pos]
                 if b < 128:
-                    z537 = _ZD[b]
+                    z548 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z537 = (z >> 1) ^ -(z & 1)
+                    z548 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z537 = (z >> 1) ^ -(z & 1)
+                    z548 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z537, pos = _rlong(buf, pos)
-            if c534 * 2 > end - pos:
-                raise _count_error(c534, end - pos)
-            for _ in range(c534):
-                n538 = _ZL[buf[pos]]
-                if n538 < 0:
-                    n538, pos = _rlong(buf, pos)
-                    if n538 < 0:
-                        raise _length_error(n538, end - pos)
+                    z548, pos = _rlong(buf, pos)
+            if c545 * 2 > end - pos:
+                raise _count_error(c545, end - pos)
+            for _ in range(c545):
+                n549 = _ZL[buf[pos]]
+                if n549 < 0:
+                    n549, pos = _rlong(buf, pos)
+                    if n549 < 0:
+                        raise _length_error(n549, end - pos)
                 else:
                     pos += 1
-                q539 = pos + n538
-                if q539 > end:
-                    raise _length_error(n538, end - pos)
-                k536 = buf[pos:q539].decode()
-                pos = q539
-                n540 = _ZL[buf[pos]]
-                if n540 < 0:
-                    n540, pos = _rlong(buf, pos)
-                    if n540 < 0:
-                        raise _length_error(n540, end - pos)
+                q550 = pos + n549
+                if q550 > end:
+                    raise _length_error(n549, end - pos)
+                k547 = buf[pos:q550].decode()
+                pos = q550
+                n551 = _ZL[buf[pos]]
+                if n551 < 0:
+                    n551, pos = _rlong(buf, pos)
+                    if n551 < 0:
+                        raise _length_error(n551, end - pos)
                 else:
                     pos += 1
-                q541 = pos + n540
-                if q541 > end:
-                    raise _length_error(n540, end - pos)
-                x535 = buf[pos:q541].decode()
-                pos = q541
-                acc533[k536] = x535
-        f_node_selector = acc533
+                q552 = pos + n551
+                if q552 > end:
+                    raise _length_error(n551, end - pos)
+                x546 = buf[pos:q552].decode()
+                pos = q552
+                acc544[k547] = x546
+        f_node_selector = acc544
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
     else:
-        acc542: list[Any] = []
+        acc553: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c543 = _ZD[b]
+                c554 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c543 = (z >> 1) ^ -(z & 1)
+                c554 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c543 = (z >> 1) ^ -(z & 1)
+                c554 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c543, pos = _rlong(buf, pos)
-            if c543 == 0:
+                c554, pos = _rlong(buf, pos)
+            if c554 == 0:
                 break
-            if c543 < 0:
-                c543 = -c543
+            if c554 < 0:
+                c554 = -c554
                 b = buf[pos]
                 if b < 128:
-                    z546 = _ZD[b]
+                    z557 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z546 = (z >> 1) ^ -(z & 1)
+                    z557 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z546 = (z >> 1) ^ -(z & 1)
+                    z557 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z546, pos = _rlong(buf, pos)
-            if c543 * 4 > end - pos:
-                raise _count_error(c543, end - pos)
-            for _ in range(c543):
-                x544, pos = _d_Toleration452(buf, pos, end)
-                acc542.append(x544)
-        f_tolerations = tuple(acc542)
-    o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations)
+                    z557, pos = _rlong(buf, pos)
+            if c554 * 4 > end - pos:
+                raise _count_error(c554, end - pos)
+            for _ in range(c554):
+                x555, pos = _d_Toleration463(buf, pos, end)
+                acc553.append(x555)
+        f_tolerations = tuple(acc553)
+    b = buf[pos]
+    if b < 128:
+        i558 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i558 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i558 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i558, pos = _rlong(buf, pos)
+    if i558 == 0:
+        f_role = None
+    elif i558 == 1:
+        n559 = _ZL[buf[pos]]
+        if n559 < 0:
+            n559, pos = _rlong(buf, pos)
+            if n559 < 0:
+                raise _length_error(n559, end - pos)
+        else:
+            pos += 1
+        q560 = pos + n559
+        if q560 > end:
+            raise _length_error(n559, end - pos)
+        f_role = buf[pos:q560].decode()
+        pos = q560
+    else:
+        raise _union_error(i558, 2)
+    o = _c_GangMember(f_pod_id, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_role)
     return o, pos
 
 
-def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
+def _d_SubmitGang523(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int]:
     f_gang_id: str
     f_tenant: str
     f_priority: int
@@ -2310,30 +2362,31 @@ def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
     f_retry: Any
     f_preemptible: bool
     f_disruption: str
-    n514 = _ZL[buf[pos]]
-    if n514 < 0:
-        n514, pos = _rlong(buf, pos)
-        if n514 < 0:
-            raise _length_error(n514, end - pos)
+    f_min_members_per_role: dict[str, Any]
+    n525 = _ZL[buf[pos]]
+    if n525 < 0:
+        n525, pos = _rlong(buf, pos)
+        if n525 < 0:
+            raise _length_error(n525, end - pos)
     else:
         pos += 1
-    q515 = pos + n514
-    if q515 > end:
-        raise _length_error(n514, end - pos)
-    f_gang_id = buf[pos:q515].decode()
-    pos = q515
-    n516 = _ZL[buf[pos]]
-    if n516 < 0:
-        n516, pos = _rlong(buf, pos)
-        if n516 < 0:
-            raise _length_error(n516, end - pos)
+    q526 = pos + n525
+    if q526 > end:
+        raise _length_error(n525, end - pos)
+    f_gang_id = buf[pos:q526].decode()
+    pos = q526
+    n527 = _ZL[buf[pos]]
+    if n527 < 0:
+        n527, pos = _rlong(buf, pos)
+        if n527 < 0:
+            raise _length_error(n527, end - pos)
     else:
         pos += 1
-    q517 = pos + n516
-    if q517 > end:
-        raise _length_error(n516, end - pos)
-    f_tenant = buf[pos:q517].decode()
-    pos = q517
+    q528 = pos + n527
+    if q528 > end:
+        raise _length_error(n527, end - pos)
+    f_tenant = buf[pos:q528].decode()
+    pos = q528
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -2352,63 +2405,63 @@ def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         pos += 1
         f_members = ()
     else:
-        acc518: list[Any] = []
+        acc529: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c519 = _ZD[b]
+                c530 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c519 = (z >> 1) ^ -(z & 1)
+                c530 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c519 = (z >> 1) ^ -(z & 1)
+                c530 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c519, pos = _rlong(buf, pos)
-            if c519 == 0:
+                c530, pos = _rlong(buf, pos)
+            if c530 == 0:
                 break
-            if c519 < 0:
-                c519 = -c519
+            if c530 < 0:
+                c530 = -c530
                 b = buf[pos]
                 if b < 128:
-                    z522 = _ZD[b]
+                    z533 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z522 = (z >> 1) ^ -(z & 1)
+                    z533 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z522 = (z >> 1) ^ -(z & 1)
+                    z533 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z522, pos = _rlong(buf, pos)
-            if c519 * 8 > end - pos:
-                raise _count_error(c519, end - pos)
-            for _ in range(c519):
-                x520, pos = _d_GangMember522(buf, pos, end)
-                acc518.append(x520)
-        f_members = tuple(acc518)
+                    z533, pos = _rlong(buf, pos)
+            if c530 * 9 > end - pos:
+                raise _count_error(c530, end - pos)
+            for _ in range(c530):
+                x531, pos = _d_GangMember533(buf, pos, end)
+                acc529.append(x531)
+        f_members = tuple(acc529)
     b = buf[pos]
     if b < 128:
-        i547 = _ZD[b]
+        i561 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i547 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i547 = (z >> 1) ^ -(z & 1)
+        i561 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i547, pos = _rlong(buf, pos)
-    if i547 == 0:
+        i561, pos = _rlong(buf, pos)
+    if i561 == 0:
         f_min_members = None
-    elif i547 == 1:
+    elif i561 == 1:
         b = buf[pos]
         if b < 128:
             f_min_members = _ZD[b]
@@ -2424,86 +2477,86 @@ def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_min_members, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i547, 2)
+        raise _union_error(i561, 2)
     b = buf[pos]
     if b < 128:
-        i548 = _ZD[b]
+        i562 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i548 = (z >> 1) ^ -(z & 1)
+        i562 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i548 = (z >> 1) ^ -(z & 1)
+        i562 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i548, pos = _rlong(buf, pos)
-    if i548 == 0:
+        i562, pos = _rlong(buf, pos)
+    if i562 == 0:
         f_topology_required = None
-    elif i548 == 1:
-        n549 = _ZL[buf[pos]]
-        if n549 < 0:
-            n549, pos = _rlong(buf, pos)
-            if n549 < 0:
-                raise _length_error(n549, end - pos)
+    elif i562 == 1:
+        n563 = _ZL[buf[pos]]
+        if n563 < 0:
+            n563, pos = _rlong(buf, pos)
+            if n563 < 0:
+                raise _length_error(n563, end - pos)
         else:
             pos += 1
-        q550 = pos + n549
-        if q550 > end:
-            raise _length_error(n549, end - pos)
-        f_topology_required = buf[pos:q550].decode()
-        pos = q550
+        q564 = pos + n563
+        if q564 > end:
+            raise _length_error(n563, end - pos)
+        f_topology_required = buf[pos:q564].decode()
+        pos = q564
     else:
-        raise _union_error(i548, 2)
+        raise _union_error(i562, 2)
     b = buf[pos]
     if b < 128:
-        i551 = _ZD[b]
+        i565 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i551 = (z >> 1) ^ -(z & 1)
+        i565 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i551 = (z >> 1) ^ -(z & 1)
+        i565 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i551, pos = _rlong(buf, pos)
-    if i551 == 0:
+        i565, pos = _rlong(buf, pos)
+    if i565 == 0:
         f_topology_preferred = None
-    elif i551 == 1:
-        n552 = _ZL[buf[pos]]
-        if n552 < 0:
-            n552, pos = _rlong(buf, pos)
-            if n552 < 0:
-                raise _length_error(n552, end - pos)
+    elif i565 == 1:
+        n566 = _ZL[buf[pos]]
+        if n566 < 0:
+            n566, pos = _rlong(buf, pos)
+            if n566 < 0:
+                raise _length_error(n566, end - pos)
         else:
             pos += 1
-        q553 = pos + n552
-        if q553 > end:
-            raise _length_error(n552, end - pos)
-        f_topology_preferred = buf[pos:q553].decode()
-        pos = q553
+        q567 = pos + n566
+        if q567 > end:
+            raise _length_error(n566, end - pos)
+        f_topology_preferred = buf[pos:q567].decode()
+        pos = q567
     else:
-        raise _union_error(i551, 2)
+        raise _union_error(i565, 2)
     b = buf[pos]
     if b < 128:
-        i554 = _ZD[b]
+        i568 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i554 = (z >> 1) ^ -(z & 1)
+        i568 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i554 = (z >> 1) ^ -(z & 1)
+        i568 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i554, pos = _rlong(buf, pos)
-    if i554 == 0:
+        i568, pos = _rlong(buf, pos)
+    if i568 == 0:
         f_timeout_ms = None
-    elif i554 == 1:
+    elif i568 == 1:
         b = buf[pos]
         if b < 128:
             f_timeout_ms = _ZD[b]
@@ -2519,24 +2572,24 @@ def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_timeout_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i554, 2)
+        raise _union_error(i568, 2)
     b = buf[pos]
     if b < 128:
-        i555 = _ZD[b]
+        i569 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i555 = (z >> 1) ^ -(z & 1)
+        i569 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i555 = (z >> 1) ^ -(z & 1)
+        i569 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i555, pos = _rlong(buf, pos)
-    if i555 == 0:
+        i569, pos = _rlong(buf, pos)
+    if i569 == 0:
         f_time_limit_ms = None
-    elif i555 == 1:
+    elif i569 == 1:
         b = buf[pos]
         if b < 128:
             f_time_limit_ms = _ZD[b]
@@ -2552,176 +2605,62 @@ def _d_SubmitGang512(buf: bytes, pos: int, end: int) -> tuple[_c_SubmitGang, int
         else:
             f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i555, 2)
+        raise _union_error(i569, 2)
     if buf[pos] == 0:
         pos += 1
         f_depends_on = ()
     else:
-        acc556: list[Any] = []
+        acc570: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c557 = _ZD[b]
+                c571 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c557 = (z >> 1) ^ -(z & 1)
+                c571 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c557 = (z >> 1) ^ -(z & 1)
+                c571 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c557, pos = _rlong(buf, pos)
-            if c557 == 0:
+                c571, pos = _rlong(buf, pos)
+            if c571 == 0:
                 break
-            if c557 < 0:
-                c557 = -c557
+            if c571 < 0:
+                c571 = -c571
                 b = buf[pos]
                 if b < 128:
-                    z560 = _ZD[b]
+                    z574 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z560 = (z >> 1) ^ -(z & 1)
+                    z574 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z560 = (z >> 1) ^ -(z & 1)
+                    z574 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z560, pos = _rlong(buf, pos)
-            if c557 * 1 > end - pos:
-                raise _count_error(c557, end - pos)
-            for _ in range(c557):
-                n561 = _ZL[buf[pos]]
-                if n561 < 0:
-                    n561, pos = _rlong(buf, pos)
-                    if n561 < 0:
-                        raise _length_error(n561, end - pos)
+                    z574, pos = _rlong(buf, pos)
+            if c571 * 1 > end - pos:
+                raise _count_error(c571, end - pos)
+            for _ in range(c571):
+                n575 = _ZL[buf[pos]]
+                if n575 < 0:
+                    n575, pos = _rlong(buf, pos)
+                    if n575 < 0:
+                        raise _length_error(n575, end - pos)
                 else:
                     pos += 1
-                q562 = pos + n561
-                if q562 > end:
-                    raise _length_error(n561, end - pos)
-                x558 = buf[pos:q562].decode()
-                pos = q562
-                acc556.append(x558)
-        f_depends_on = tuple(acc556)
-    n563 = _ZL[buf[pos]]
-    if n563 < 0:
-        n563, pos = _rlong(buf, pos)
-        if n563 < 0:
-            raise _length_error(n563, end - pos)
-    else:
-        pos += 1
-    q564 = pos + n563
-    if q564 > end:
-        raise _length_error(n563, end - pos)
-    f_dependency = buf[pos:q564].decode()
-    pos = q564
-    n565 = _ZL[buf[pos]]
-    if n565 < 0:
-        n565, pos = _rlong(buf, pos)
-        if n565 < 0:
-            raise _length_error(n565, end - pos)
-    else:
-        pos += 1
-    q566 = pos + n565
-    if q566 > end:
-        raise _length_error(n565, end - pos)
-    f_preemption = buf[pos:q566].decode()
-    pos = q566
-    b = buf[pos]
-    if b < 128:
-        i567 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i567 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i567 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i567, pos = _rlong(buf, pos)
-    if i567 == 0:
-        f_retry = None
-    elif i567 == 1:
-        f_retry, pos = _d_Retry474(buf, pos, end)
-    else:
-        raise _union_error(i567, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n568 = _ZL[buf[pos]]
-    if n568 < 0:
-        n568, pos = _rlong(buf, pos)
-        if n568 < 0:
-            raise _length_error(n568, end - pos)
-    else:
-        pos += 1
-    q569 = pos + n568
-    if q569 > end:
-        raise _length_error(n568, end - pos)
-    f_disruption = buf[pos:q569].decode()
-    pos = q569
-    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption)
-    return o, pos
-
-
-def _d_ReleaseGang569(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
-    f_gang_id: str
-    f_reason: str
-    n571 = _ZL[buf[pos]]
-    if n571 < 0:
-        n571, pos = _rlong(buf, pos)
-        if n571 < 0:
-            raise _length_error(n571, end - pos)
-    else:
-        pos += 1
-    q572 = pos + n571
-    if q572 > end:
-        raise _length_error(n571, end - pos)
-    f_gang_id = buf[pos:q572].decode()
-    pos = q572
-    n573 = _ZL[buf[pos]]
-    if n573 < 0:
-        n573, pos = _rlong(buf, pos)
-        if n573 < 0:
-            raise _length_error(n573, end - pos)
-    else:
-        pos += 1
-    q574 = pos + n573
-    if q574 > end:
-        raise _length_error(n573, end - pos)
-    f_reason = buf[pos:q574].decode()
-    pos = q574
-    o = _c_ReleaseGang(f_gang_id, f_reason)
-    return o, pos
-
-
-def _d_Tick574(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
-    f_force: bool
-    f_partition: bool
-    f_force = buf[pos] != 0
-    pos += 1
-    f_partition = buf[pos] != 0
-    pos += 1
-    o = _c_Tick(f_force, f_partition)
-    return o, pos
-
-
-def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
-    f_tenant: str
-    f_cohort: Any
-    f_nominal_gpus: dict[str, Any]
-    f_nominal_cpu_milli: Any
-    f_nominal_memory_mib: Any
-    f_borrowing_limit_gpus: Any
-    f_lending_limit_gpus: Any
-    f_weight: int
-    f_preemption: Any
+                q576 = pos + n575
+                if q576 > end:
+                    raise _length_error(n575, end - pos)
+                x572 = buf[pos:q576].decode()
+                pos = q576
+                acc570.append(x572)
+        f_depends_on = tuple(acc570)
     n577 = _ZL[buf[pos]]
     if n577 < 0:
         n577, pos = _rlong(buf, pos)
@@ -2732,125 +2671,308 @@ def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
     q578 = pos + n577
     if q578 > end:
         raise _length_error(n577, end - pos)
-    f_tenant = buf[pos:q578].decode()
+    f_dependency = buf[pos:q578].decode()
     pos = q578
+    n579 = _ZL[buf[pos]]
+    if n579 < 0:
+        n579, pos = _rlong(buf, pos)
+        if n579 < 0:
+            raise _length_error(n579, end - pos)
+    else:
+        pos += 1
+    q580 = pos + n579
+    if q580 > end:
+        raise _length_error(n579, end - pos)
+    f_preemption = buf[pos:q580].decode()
+    pos = q580
     b = buf[pos]
     if b < 128:
-        i579 = _ZD[b]
+        i581 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i579 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i579 = (z >> 1) ^ -(z & 1)
+        i581 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i579, pos = _rlong(buf, pos)
-    if i579 == 0:
+        i581, pos = _rlong(buf, pos)
+    if i581 == 0:
+        f_retry = None
+    elif i581 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
+    else:
+        raise _union_error(i581, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n582 = _ZL[buf[pos]]
+    if n582 < 0:
+        n582, pos = _rlong(buf, pos)
+        if n582 < 0:
+            raise _length_error(n582, end - pos)
+    else:
+        pos += 1
+    q583 = pos + n582
+    if q583 > end:
+        raise _length_error(n582, end - pos)
+    f_disruption = buf[pos:q583].decode()
+    pos = q583
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc584: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c585 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c585 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c585 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c585, pos = _rlong(buf, pos)
+            if c585 == 0:
+                break
+            if c585 < 0:
+                c585 = -c585
+                b = buf[pos]
+                if b < 128:
+                    z588 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z588 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z588 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z588, pos = _rlong(buf, pos)
+            if c585 * 2 > end - pos:
+                raise _count_error(c585, end - pos)
+            for _ in range(c585):
+                n589 = _ZL[buf[pos]]
+                if n589 < 0:
+                    n589, pos = _rlong(buf, pos)
+                    if n589 < 0:
+                        raise _length_error(n589, end - pos)
+                else:
+                    pos += 1
+                q590 = pos + n589
+                if q590 > end:
+                    raise _length_error(n589, end - pos)
+                k587 = buf[pos:q590].decode()
+                pos = q590
+                b = buf[pos]
+                if b < 128:
+                    x586 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x586 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x586 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x586, pos = _rlong(buf, pos)
+                acc584[k587] = x586
+        f_min_members_per_role = acc584
+    o = _c_SubmitGang(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_retry, f_preemptible, f_disruption, f_min_members_per_role)
+    return o, pos
+
+
+def _d_ReleaseGang590(buf: bytes, pos: int, end: int) -> tuple[_c_ReleaseGang, int]:
+    f_gang_id: str
+    f_reason: str
+    n592 = _ZL[buf[pos]]
+    if n592 < 0:
+        n592, pos = _rlong(buf, pos)
+        if n592 < 0:
+            raise _length_error(n592, end - pos)
+    else:
+        pos += 1
+    q593 = pos + n592
+    if q593 > end:
+        raise _length_error(n592, end - pos)
+    f_gang_id = buf[pos:q593].decode()
+    pos = q593
+    n594 = _ZL[buf[pos]]
+    if n594 < 0:
+        n594, pos = _rlong(buf, pos)
+        if n594 < 0:
+            raise _length_error(n594, end - pos)
+    else:
+        pos += 1
+    q595 = pos + n594
+    if q595 > end:
+        raise _length_error(n594, end - pos)
+    f_reason = buf[pos:q595].decode()
+    pos = q595
+    o = _c_ReleaseGang(f_gang_id, f_reason)
+    return o, pos
+
+
+def _d_Tick595(buf: bytes, pos: int, end: int) -> tuple[_c_Tick, int]:
+    f_force: bool
+    f_partition: bool
+    f_force = buf[pos] != 0
+    pos += 1
+    f_partition = buf[pos] != 0
+    pos += 1
+    o = _c_Tick(f_force, f_partition)
+    return o, pos
+
+
+def _d_SetQuota596(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
+    f_tenant: str
+    f_cohort: Any
+    f_nominal_gpus: dict[str, Any]
+    f_nominal_cpu_milli: Any
+    f_nominal_memory_mib: Any
+    f_borrowing_limit_gpus: Any
+    f_lending_limit_gpus: Any
+    f_weight: int
+    f_preemption: Any
+    n598 = _ZL[buf[pos]]
+    if n598 < 0:
+        n598, pos = _rlong(buf, pos)
+        if n598 < 0:
+            raise _length_error(n598, end - pos)
+    else:
+        pos += 1
+    q599 = pos + n598
+    if q599 > end:
+        raise _length_error(n598, end - pos)
+    f_tenant = buf[pos:q599].decode()
+    pos = q599
+    b = buf[pos]
+    if b < 128:
+        i600 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i600 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i600 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i600, pos = _rlong(buf, pos)
+    if i600 == 0:
         f_cohort = None
-    elif i579 == 1:
-        n580 = _ZL[buf[pos]]
-        if n580 < 0:
-            n580, pos = _rlong(buf, pos)
-            if n580 < 0:
-                raise _length_error(n580, end - pos)
+    elif i600 == 1:
+        n601 = _ZL[buf[pos]]
+        if n601 < 0:
+            n601, pos = _rlong(buf, pos)
+            if n601 < 0:
+                raise _length_error(n601, end - pos)
         else:
             pos += 1
-        q581 = pos + n580
-        if q581 > end:
-            raise _length_error(n580, end - pos)
-        f_cohort = buf[pos:q581].decode()
-        pos = q581
+        q602 = pos + n601
+        if q602 > end:
+            raise _length_error(n601, end - pos)
+        f_cohort = buf[pos:q602].decode()
+        pos = q602
     else:
-        raise _union_error(i579, 2)
+        raise _union_error(i600, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc582: dict[str, Any] = {}
+        acc603: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c583 = _ZD[b]
+                c604 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c583 = (z >> 1) ^ -(z & 1)
+                c604 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c583 = (z >> 1) ^ -(z & 1)
+                c604 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c583, pos = _rlong(buf, pos)
-            if c583 == 0:
+                c604, pos = _rlong(buf, pos)
+            if c604 == 0:
                 break
-            if c583 < 0:
-                c583 = -c583
+            if c604 < 0:
+                c604 = -c604
                 b = buf[pos]
                 if b < 128:
-                    z586 = _ZD[b]
+                    z607 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z586 = (z >> 1) ^ -(z & 1)
+                    z607 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z586 = (z >> 1) ^ -(z & 1)
+                    z607 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z586, pos = _rlong(buf, pos)
-            if c583 * 2 > end - pos:
-                raise _count_error(c583, end - pos)
-            for _ in range(c583):
-                n587 = _ZL[buf[pos]]
-                if n587 < 0:
-                    n587, pos = _rlong(buf, pos)
-                    if n587 < 0:
-                        raise _length_error(n587, end - pos)
+                    z607, pos = _rlong(buf, pos)
+            if c604 * 2 > end - pos:
+                raise _count_error(c604, end - pos)
+            for _ in range(c604):
+                n608 = _ZL[buf[pos]]
+                if n608 < 0:
+                    n608, pos = _rlong(buf, pos)
+                    if n608 < 0:
+                        raise _length_error(n608, end - pos)
                 else:
                     pos += 1
-                q588 = pos + n587
-                if q588 > end:
-                    raise _length_error(n587, end - pos)
-                k585 = buf[pos:q588].decode()
-                pos = q588
+                q609 = pos + n608
+                if q609 > end:
+                    raise _length_error(n608, end - pos)
+                k606 = buf[pos:q609].decode()
+                pos = q609
                 b = buf[pos]
                 if b < 128:
-                    x584 = _ZD[b]
+                    x605 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x584 = (z >> 1) ^ -(z & 1)
+                    x605 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x584 = (z >> 1) ^ -(z & 1)
+                    x605 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x584, pos = _rlong(buf, pos)
-                acc582[k585] = x584
-        f_nominal_gpus = acc582
+                    x605, pos = _rlong(buf, pos)
+                acc603[k606] = x605
+        f_nominal_gpus = acc603
     b = buf[pos]
     if b < 128:
-        i589 = _ZD[b]
+        i610 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i589 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i589 = (z >> 1) ^ -(z & 1)
+        i610 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i589, pos = _rlong(buf, pos)
-    if i589 == 0:
+        i610, pos = _rlong(buf, pos)
+    if i610 == 0:
         f_nominal_cpu_milli = None
-    elif i589 == 1:
+    elif i610 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -2866,24 +2988,24 @@ def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i589, 2)
+        raise _union_error(i610, 2)
     b = buf[pos]
     if b < 128:
-        i590 = _ZD[b]
+        i611 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i590 = (z >> 1) ^ -(z & 1)
+        i611 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i590 = (z >> 1) ^ -(z & 1)
+        i611 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i590, pos = _rlong(buf, pos)
-    if i590 == 0:
+        i611, pos = _rlong(buf, pos)
+    if i611 == 0:
         f_nominal_memory_mib = None
-    elif i590 == 1:
+    elif i611 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -2899,24 +3021,24 @@ def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i590, 2)
+        raise _union_error(i611, 2)
     b = buf[pos]
     if b < 128:
-        i591 = _ZD[b]
+        i612 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i591 = (z >> 1) ^ -(z & 1)
+        i612 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i591 = (z >> 1) ^ -(z & 1)
+        i612 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i591, pos = _rlong(buf, pos)
-    if i591 == 0:
+        i612, pos = _rlong(buf, pos)
+    if i612 == 0:
         f_borrowing_limit_gpus = None
-    elif i591 == 1:
+    elif i612 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -2932,24 +3054,24 @@ def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i591, 2)
+        raise _union_error(i612, 2)
     b = buf[pos]
     if b < 128:
-        i592 = _ZD[b]
+        i613 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i592 = (z >> 1) ^ -(z & 1)
+        i613 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i592 = (z >> 1) ^ -(z & 1)
+        i613 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i592, pos = _rlong(buf, pos)
-    if i592 == 0:
+        i613, pos = _rlong(buf, pos)
+    if i613 == 0:
         f_lending_limit_gpus = None
-    elif i592 == 1:
+    elif i613 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -2965,7 +3087,7 @@ def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i592, 2)
+        raise _union_error(i613, 2)
     b = buf[pos]
     if b < 128:
         f_weight = _ZD[b]
@@ -2982,47 +3104,47 @@ def _d_SetQuota575(buf: bytes, pos: int, end: int) -> tuple[_c_SetQuota, int]:
         f_weight, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i593 = _ZD[b]
+        i614 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i593 = (z >> 1) ^ -(z & 1)
+        i614 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i593 = (z >> 1) ^ -(z & 1)
+        i614 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i593, pos = _rlong(buf, pos)
-    if i593 == 0:
+        i614, pos = _rlong(buf, pos)
+    if i614 == 0:
         f_preemption = None
-    elif i593 == 1:
-        f_preemption, pos = _d_QuotaPreemption503(buf, pos, end)
+    elif i614 == 1:
+        f_preemption, pos = _d_QuotaPreemption514(buf, pos, end)
     else:
-        raise _union_error(i593, 2)
+        raise _union_error(i614, 2)
     o = _c_SetQuota(f_tenant, f_cohort, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus, f_weight, f_preemption)
     return o, pos
 
 
-def _d_RemoveQuota593(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
+def _d_RemoveQuota614(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveQuota, int]:
     f_tenant: str
-    n595 = _ZL[buf[pos]]
-    if n595 < 0:
-        n595, pos = _rlong(buf, pos)
-        if n595 < 0:
-            raise _length_error(n595, end - pos)
+    n616 = _ZL[buf[pos]]
+    if n616 < 0:
+        n616, pos = _rlong(buf, pos)
+        if n616 < 0:
+            raise _length_error(n616, end - pos)
     else:
         pos += 1
-    q596 = pos + n595
-    if q596 > end:
-        raise _length_error(n595, end - pos)
-    f_tenant = buf[pos:q596].decode()
-    pos = q596
+    q617 = pos + n616
+    if q617 > end:
+        raise _length_error(n616, end - pos)
+    f_tenant = buf[pos:q617].decode()
+    pos = q617
     o = _c_RemoveQuota(f_tenant)
     return o, pos
 
 
-def _d_Defragment596(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
+def _d_Defragment617(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int]:
     f_max_moves: int
     f_target: Any
     b = buf[pos]
@@ -3041,410 +3163,410 @@ def _d_Defragment596(buf: bytes, pos: int, end: int) -> tuple[_c_Defragment, int
         f_max_moves, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i598 = _ZD[b]
+        i619 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i598 = (z >> 1) ^ -(z & 1)
+        i619 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i598 = (z >> 1) ^ -(z & 1)
+        i619 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i598, pos = _rlong(buf, pos)
-    if i598 == 0:
+        i619, pos = _rlong(buf, pos)
+    if i619 == 0:
         f_target = None
-    elif i598 == 1:
-        n599 = _ZL[buf[pos]]
-        if n599 < 0:
-            n599, pos = _rlong(buf, pos)
-            if n599 < 0:
-                raise _length_error(n599, end - pos)
+    elif i619 == 1:
+        n620 = _ZL[buf[pos]]
+        if n620 < 0:
+            n620, pos = _rlong(buf, pos)
+            if n620 < 0:
+                raise _length_error(n620, end - pos)
         else:
             pos += 1
-        q600 = pos + n599
-        if q600 > end:
-            raise _length_error(n599, end - pos)
-        f_target = buf[pos:q600].decode()
-        pos = q600
+        q621 = pos + n620
+        if q621 > end:
+            raise _length_error(n620, end - pos)
+        f_target = buf[pos:q621].decode()
+        pos = q621
     else:
-        raise _union_error(i598, 2)
+        raise _union_error(i619, 2)
     o = _c_Defragment(f_max_moves, f_target)
     return o, pos
 
 
-def _d_ResumeCluster600(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
+def _d_ResumeCluster621(buf: bytes, pos: int, end: int) -> tuple[_c_ResumeCluster, int]:
     f_reason: str
-    n602 = _ZL[buf[pos]]
-    if n602 < 0:
-        n602, pos = _rlong(buf, pos)
-        if n602 < 0:
-            raise _length_error(n602, end - pos)
+    n623 = _ZL[buf[pos]]
+    if n623 < 0:
+        n623, pos = _rlong(buf, pos)
+        if n623 < 0:
+            raise _length_error(n623, end - pos)
     else:
         pos += 1
-    q603 = pos + n602
-    if q603 > end:
-        raise _length_error(n602, end - pos)
-    f_reason = buf[pos:q603].decode()
-    pos = q603
+    q624 = pos + n623
+    if q624 > end:
+        raise _length_error(n623, end - pos)
+    f_reason = buf[pos:q624].decode()
+    pos = q624
     o = _c_ResumeCluster(f_reason)
     return o, pos
 
 
-def _d_RecoverNode603(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
+def _d_RecoverNode624(buf: bytes, pos: int, end: int) -> tuple[_c_RecoverNode, int]:
     f_node_id: str
-    n605 = _ZL[buf[pos]]
-    if n605 < 0:
-        n605, pos = _rlong(buf, pos)
-        if n605 < 0:
-            raise _length_error(n605, end - pos)
+    n626 = _ZL[buf[pos]]
+    if n626 < 0:
+        n626, pos = _rlong(buf, pos)
+        if n626 < 0:
+            raise _length_error(n626, end - pos)
     else:
         pos += 1
-    q606 = pos + n605
-    if q606 > end:
-        raise _length_error(n605, end - pos)
-    f_node_id = buf[pos:q606].decode()
-    pos = q606
+    q627 = pos + n626
+    if q627 > end:
+        raise _length_error(n626, end - pos)
+    f_node_id = buf[pos:q627].decode()
+    pos = q627
     o = _c_RecoverNode(f_node_id)
     return o, pos
 
 
-def _d_UpdateNode606(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
+def _d_UpdateNode627(buf: bytes, pos: int, end: int) -> tuple[_c_UpdateNode, int]:
     f_node_id: str
     f_labels: Any
     f_taints: Any
-    n608 = _ZL[buf[pos]]
-    if n608 < 0:
-        n608, pos = _rlong(buf, pos)
-        if n608 < 0:
-            raise _length_error(n608, end - pos)
+    n629 = _ZL[buf[pos]]
+    if n629 < 0:
+        n629, pos = _rlong(buf, pos)
+        if n629 < 0:
+            raise _length_error(n629, end - pos)
     else:
         pos += 1
-    q609 = pos + n608
-    if q609 > end:
-        raise _length_error(n608, end - pos)
-    f_node_id = buf[pos:q609].decode()
-    pos = q609
+    q630 = pos + n629
+    if q630 > end:
+        raise _length_error(n629, end - pos)
+    f_node_id = buf[pos:q630].decode()
+    pos = q630
     b = buf[pos]
     if b < 128:
-        i610 = _ZD[b]
+        i631 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i610 = (z >> 1) ^ -(z & 1)
+        i631 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i610 = (z >> 1) ^ -(z & 1)
+        i631 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i610, pos = _rlong(buf, pos)
-    if i610 == 0:
+        i631, pos = _rlong(buf, pos)
+    if i631 == 0:
         f_labels = None
-    elif i610 == 1:
+    elif i631 == 1:
         if buf[pos] == 0:
             pos += 1
             f_labels = {}
         else:
-            acc611: dict[str, Any] = {}
+            acc632: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c612 = _ZD[b]
+                    c633 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c612 = (z >> 1) ^ -(z & 1)
+                    c633 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c612 = (z >> 1) ^ -(z & 1)
+                    c633 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c612, pos = _rlong(buf, pos)
-                if c612 == 0:
+                    c633, pos = _rlong(buf, pos)
+                if c633 == 0:
                     break
-                if c612 < 0:
-                    c612 = -c612
+                if c633 < 0:
+                    c633 = -c633
                     b = buf[pos]
                     if b < 128:
-                        z615 = _ZD[b]
+                        z636 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z615 = (z >> 1) ^ -(z & 1)
+                        z636 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z615 = (z >> 1) ^ -(z & 1)
+                        z636 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z615, pos = _rlong(buf, pos)
-                if c612 * 2 > end - pos:
-                    raise _count_error(c612, end - pos)
-                for _ in range(c612):
-                    n616 = _ZL[buf[pos]]
-                    if n616 < 0:
-                        n616, pos = _rlong(buf, pos)
-                        if n616 < 0:
-                            raise _length_error(n616, end - pos)
+                        z636, pos = _rlong(buf, pos)
+                if c633 * 2 > end - pos:
+                    raise _count_error(c633, end - pos)
+                for _ in range(c633):
+                    n637 = _ZL[buf[pos]]
+                    if n637 < 0:
+                        n637, pos = _rlong(buf, pos)
+                        if n637 < 0:
+                            raise _length_error(n637, end - pos)
                     else:
                         pos += 1
-                    q617 = pos + n616
-                    if q617 > end:
-                        raise _length_error(n616, end - pos)
-                    k614 = buf[pos:q617].decode()
-                    pos = q617
-                    n618 = _ZL[buf[pos]]
-                    if n618 < 0:
-                        n618, pos = _rlong(buf, pos)
-                        if n618 < 0:
-                            raise _length_error(n618, end - pos)
+                    q638 = pos + n637
+                    if q638 > end:
+                        raise _length_error(n637, end - pos)
+                    k635 = buf[pos:q638].decode()
+                    pos = q638
+                    n639 = _ZL[buf[pos]]
+                    if n639 < 0:
+                        n639, pos = _rlong(buf, pos)
+                        if n639 < 0:
+                            raise _length_error(n639, end - pos)
                     else:
                         pos += 1
-                    q619 = pos + n618
-                    if q619 > end:
-                        raise _length_error(n618, end - pos)
-                    x613 = buf[pos:q619].decode()
-                    pos = q619
-                    acc611[k614] = x613
-            f_labels = acc611
+                    q640 = pos + n639
+                    if q640 > end:
+                        raise _length_error(n639, end - pos)
+                    x634 = buf[pos:q640].decode()
+                    pos = q640
+                    acc632[k635] = x634
+            f_labels = acc632
     else:
-        raise _union_error(i610, 2)
+        raise _union_error(i631, 2)
     b = buf[pos]
     if b < 128:
-        i620 = _ZD[b]
+        i641 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i620 = (z >> 1) ^ -(z & 1)
+        i641 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i620 = (z >> 1) ^ -(z & 1)
+        i641 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i620, pos = _rlong(buf, pos)
-    if i620 == 0:
+        i641, pos = _rlong(buf, pos)
+    if i641 == 0:
         f_taints = None
-    elif i620 == 1:
+    elif i641 == 1:
         if buf[pos] == 0:
             pos += 1
             f_taints = ()
         else:
-            acc621: list[Any] = []
+            acc642: list[Any] = []
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c622 = _ZD[b]
+                    c643 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c622 = (z >> 1) ^ -(z & 1)
+                    c643 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c622 = (z >> 1) ^ -(z & 1)
+                    c643 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c622, pos = _rlong(buf, pos)
-                if c622 == 0:
+                    c643, pos = _rlong(buf, pos)
+                if c643 == 0:
                     break
-                if c622 < 0:
-                    c622 = -c622
+                if c643 < 0:
+                    c643 = -c643
                     b = buf[pos]
                     if b < 128:
-                        z625 = _ZD[b]
+                        z646 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z625 = (z >> 1) ^ -(z & 1)
+                        z646 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z625 = (z >> 1) ^ -(z & 1)
+                        z646 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z625, pos = _rlong(buf, pos)
-                if c622 * 3 > end - pos:
-                    raise _count_error(c622, end - pos)
-                for _ in range(c622):
-                    x623, pos = _d_Taint402(buf, pos, end)
-                    acc621.append(x623)
-            f_taints = tuple(acc621)
+                        z646, pos = _rlong(buf, pos)
+                if c643 * 3 > end - pos:
+                    raise _count_error(c643, end - pos)
+                for _ in range(c643):
+                    x644, pos = _d_Taint413(buf, pos, end)
+                    acc642.append(x644)
+            f_taints = tuple(acc642)
     else:
-        raise _union_error(i620, 2)
+        raise _union_error(i641, 2)
     o = _c_UpdateNode(f_node_id, f_labels, f_taints)
     return o, pos
 
 
-def _d_SetDisruptionBudget625(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
+def _d_SetDisruptionBudget646(buf: bytes, pos: int, end: int) -> tuple[_c_SetDisruptionBudget, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n627 = _ZL[buf[pos]]
-    if n627 < 0:
-        n627, pos = _rlong(buf, pos)
-        if n627 < 0:
-            raise _length_error(n627, end - pos)
+    n648 = _ZL[buf[pos]]
+    if n648 < 0:
+        n648, pos = _rlong(buf, pos)
+        if n648 < 0:
+            raise _length_error(n648, end - pos)
     else:
         pos += 1
-    q628 = pos + n627
-    if q628 > end:
-        raise _length_error(n627, end - pos)
-    f_budget_id = buf[pos:q628].decode()
-    pos = q628
+    q649 = pos + n648
+    if q649 > end:
+        raise _length_error(n648, end - pos)
+    f_budget_id = buf[pos:q649].decode()
+    pos = q649
     b = buf[pos]
     if b < 128:
-        i629 = _ZD[b]
+        i650 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i629 = (z >> 1) ^ -(z & 1)
+        i650 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i629 = (z >> 1) ^ -(z & 1)
+        i650 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i629, pos = _rlong(buf, pos)
-    if i629 == 0:
+        i650, pos = _rlong(buf, pos)
+    if i650 == 0:
         f_tenant = None
-    elif i629 == 1:
-        n630 = _ZL[buf[pos]]
-        if n630 < 0:
-            n630, pos = _rlong(buf, pos)
-            if n630 < 0:
-                raise _length_error(n630, end - pos)
+    elif i650 == 1:
+        n651 = _ZL[buf[pos]]
+        if n651 < 0:
+            n651, pos = _rlong(buf, pos)
+            if n651 < 0:
+                raise _length_error(n651, end - pos)
         else:
             pos += 1
-        q631 = pos + n630
-        if q631 > end:
-            raise _length_error(n630, end - pos)
-        f_tenant = buf[pos:q631].decode()
-        pos = q631
+        q652 = pos + n651
+        if q652 > end:
+            raise _length_error(n651, end - pos)
+        f_tenant = buf[pos:q652].decode()
+        pos = q652
     else:
-        raise _union_error(i629, 2)
+        raise _union_error(i650, 2)
     b = buf[pos]
     if b < 128:
-        i632 = _ZD[b]
+        i653 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i632 = (z >> 1) ^ -(z & 1)
+        i653 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i632 = (z >> 1) ^ -(z & 1)
+        i653 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i632, pos = _rlong(buf, pos)
-    if i632 == 0:
+        i653, pos = _rlong(buf, pos)
+    if i653 == 0:
         f_gang_id = None
-    elif i632 == 1:
-        n633 = _ZL[buf[pos]]
-        if n633 < 0:
-            n633, pos = _rlong(buf, pos)
-            if n633 < 0:
-                raise _length_error(n633, end - pos)
+    elif i653 == 1:
+        n654 = _ZL[buf[pos]]
+        if n654 < 0:
+            n654, pos = _rlong(buf, pos)
+            if n654 < 0:
+                raise _length_error(n654, end - pos)
         else:
             pos += 1
-        q634 = pos + n633
-        if q634 > end:
-            raise _length_error(n633, end - pos)
-        f_gang_id = buf[pos:q634].decode()
-        pos = q634
+        q655 = pos + n654
+        if q655 > end:
+            raise _length_error(n654, end - pos)
+        f_gang_id = buf[pos:q655].decode()
+        pos = q655
     else:
-        raise _union_error(i632, 2)
+        raise _union_error(i653, 2)
     b = buf[pos]
     if b < 128:
-        i635 = _ZD[b]
+        i656 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i635 = (z >> 1) ^ -(z & 1)
+        i656 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i635 = (z >> 1) ^ -(z & 1)
+        i656 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i635, pos = _rlong(buf, pos)
-    if i635 == 0:
+        i656, pos = _rlong(buf, pos)
+    if i656 == 0:
         f_label_selector = None
-    elif i635 == 1:
+    elif i656 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc636: dict[str, Any] = {}
+            acc657: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c637 = _ZD[b]
+                    c658 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c637 = (z >> 1) ^ -(z & 1)
+                    c658 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c637 = (z >> 1) ^ -(z & 1)
+                    c658 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c637, pos = _rlong(buf, pos)
-                if c637 == 0:
+                    c658, pos = _rlong(buf, pos)
+                if c658 == 0:
                     break
-                if c637 < 0:
-                    c637 = -c637
+                if c658 < 0:
+                    c658 = -c658
                     b = buf[pos]
                     if b < 128:
-                        z640 = _ZD[b]
+                        z661 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z640 = (z >> 1) ^ -(z & 1)
+                        z661 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z640 = (z >> 1) ^ -(z & 1)
+                        z661 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z640, pos = _rlong(buf, pos)
-                if c637 * 2 > end - pos:
-                    raise _count_error(c637, end - pos)
-                for _ in range(c637):
-                    n641 = _ZL[buf[pos]]
-                    if n641 < 0:
-                        n641, pos = _rlong(buf, pos)
-                        if n641 < 0:
-                            raise _length_error(n641, end - pos)
+                        z661, pos = _rlong(buf, pos)
+                if c658 * 2 > end - pos:
+                    raise _count_error(c658, end - pos)
+                for _ in range(c658):
+                    n662 = _ZL[buf[pos]]
+                    if n662 < 0:
+                        n662, pos = _rlong(buf, pos)
+                        if n662 < 0:
+                            raise _length_error(n662, end - pos)
                     else:
                         pos += 1
-                    q642 = pos + n641
-                    if q642 > end:
-                        raise _length_error(n641, end - pos)
-                    k639 = buf[pos:q642].decode()
-                    pos = q642
-                    n643 = _ZL[buf[pos]]
-                    if n643 < 0:
-                        n643, pos = _rlong(buf, pos)
-                        if n643 < 0:
-                            raise _length_error(n643, end - pos)
+                    q663 = pos + n662
+                    if q663 > end:
+                        raise _length_error(n662, end - pos)
+                    k660 = buf[pos:q663].decode()
+                    pos = q663
+                    n664 = _ZL[buf[pos]]
+                    if n664 < 0:
+                        n664, pos = _rlong(buf, pos)
+                        if n664 < 0:
+                            raise _length_error(n664, end - pos)
                     else:
                         pos += 1
-                    q644 = pos + n643
-                    if q644 > end:
-                        raise _length_error(n643, end - pos)
-                    x638 = buf[pos:q644].decode()
-                    pos = q644
-                    acc636[k639] = x638
-            f_label_selector = acc636
+                    q665 = pos + n664
+                    if q665 > end:
+                        raise _length_error(n664, end - pos)
+                    x659 = buf[pos:q665].decode()
+                    pos = q665
+                    acc657[k660] = x659
+            f_label_selector = acc657
     else:
-        raise _union_error(i635, 2)
+        raise _union_error(i656, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -3463,25 +3585,25 @@ def _d_SetDisruptionBudget625(buf: bytes, pos: int, end: int) -> tuple[_c_SetDis
     return o, pos
 
 
-def _d_RemoveDisruptionBudget644(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
+def _d_RemoveDisruptionBudget665(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveDisruptionBudget, int]:
     f_budget_id: str
-    n646 = _ZL[buf[pos]]
-    if n646 < 0:
-        n646, pos = _rlong(buf, pos)
-        if n646 < 0:
-            raise _length_error(n646, end - pos)
+    n667 = _ZL[buf[pos]]
+    if n667 < 0:
+        n667, pos = _rlong(buf, pos)
+        if n667 < 0:
+            raise _length_error(n667, end - pos)
     else:
         pos += 1
-    q647 = pos + n646
-    if q647 > end:
-        raise _length_error(n646, end - pos)
-    f_budget_id = buf[pos:q647].decode()
-    pos = q647
+    q668 = pos + n667
+    if q668 > end:
+        raise _length_error(n667, end - pos)
+    f_budget_id = buf[pos:q668].decode()
+    pos = q668
     o = _c_RemoveDisruptionBudget(f_budget_id)
     return o, pos
 
 
-def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
+def _d_SetCohort668(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
     f_cohort: str
     f_parent: Any
     f_nominal_gpus: dict[str, Any]
@@ -3489,135 +3611,135 @@ def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
     f_nominal_memory_mib: Any
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
-    n649 = _ZL[buf[pos]]
-    if n649 < 0:
-        n649, pos = _rlong(buf, pos)
-        if n649 < 0:
-            raise _length_error(n649, end - pos)
+    n670 = _ZL[buf[pos]]
+    if n670 < 0:
+        n670, pos = _rlong(buf, pos)
+        if n670 < 0:
+            raise _length_error(n670, end - pos)
     else:
         pos += 1
-    q650 = pos + n649
-    if q650 > end:
-        raise _length_error(n649, end - pos)
-    f_cohort = buf[pos:q650].decode()
-    pos = q650
+    q671 = pos + n670
+    if q671 > end:
+        raise _length_error(n670, end - pos)
+    f_cohort = buf[pos:q671].decode()
+    pos = q671
     b = buf[pos]
     if b < 128:
-        i651 = _ZD[b]
+        i672 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i651 = (z >> 1) ^ -(z & 1)
+        i672 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i651 = (z >> 1) ^ -(z & 1)
+        i672 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i651, pos = _rlong(buf, pos)
-    if i651 == 0:
+        i672, pos = _rlong(buf, pos)
+    if i672 == 0:
         f_parent = None
-    elif i651 == 1:
-        n652 = _ZL[buf[pos]]
-        if n652 < 0:
-            n652, pos = _rlong(buf, pos)
-            if n652 < 0:
-                raise _length_error(n652, end - pos)
+    elif i672 == 1:
+        n673 = _ZL[buf[pos]]
+        if n673 < 0:
+            n673, pos = _rlong(buf, pos)
+            if n673 < 0:
+                raise _length_error(n673, end - pos)
         else:
             pos += 1
-        q653 = pos + n652
-        if q653 > end:
-            raise _length_error(n652, end - pos)
-        f_parent = buf[pos:q653].decode()
-        pos = q653
+        q674 = pos + n673
+        if q674 > end:
+            raise _length_error(n673, end - pos)
+        f_parent = buf[pos:q674].decode()
+        pos = q674
     else:
-        raise _union_error(i651, 2)
+        raise _union_error(i672, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc654: dict[str, Any] = {}
+        acc675: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c655 = _ZD[b]
+                c676 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c655 = (z >> 1) ^ -(z & 1)
+                c676 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c655 = (z >> 1) ^ -(z & 1)
+                c676 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c655, pos = _rlong(buf, pos)
-            if c655 == 0:
+                c676, pos = _rlong(buf, pos)
+            if c676 == 0:
                 break
-            if c655 < 0:
-                c655 = -c655
+            if c676 < 0:
+                c676 = -c676
                 b = buf[pos]
                 if b < 128:
-                    z658 = _ZD[b]
+                    z679 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z658 = (z >> 1) ^ -(z & 1)
+                    z679 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z658 = (z >> 1) ^ -(z & 1)
+                    z679 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z658, pos = _rlong(buf, pos)
-            if c655 * 2 > end - pos:
-                raise _count_error(c655, end - pos)
-            for _ in range(c655):
-                n659 = _ZL[buf[pos]]
-                if n659 < 0:
-                    n659, pos = _rlong(buf, pos)
-                    if n659 < 0:
-                        raise _length_error(n659, end - pos)
+                    z679, pos = _rlong(buf, pos)
+            if c676 * 2 > end - pos:
+                raise _count_error(c676, end - pos)
+            for _ in range(c676):
+                n680 = _ZL[buf[pos]]
+                if n680 < 0:
+                    n680, pos = _rlong(buf, pos)
+                    if n680 < 0:
+                        raise _length_error(n680, end - pos)
                 else:
                     pos += 1
-                q660 = pos + n659
-                if q660 > end:
-                    raise _length_error(n659, end - pos)
-                k657 = buf[pos:q660].decode()
-                pos = q660
+                q681 = pos + n680
+                if q681 > end:
+                    raise _length_error(n680, end - pos)
+                k678 = buf[pos:q681].decode()
+                pos = q681
                 b = buf[pos]
                 if b < 128:
-                    x656 = _ZD[b]
+                    x677 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x656 = (z >> 1) ^ -(z & 1)
+                    x677 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x656 = (z >> 1) ^ -(z & 1)
+                    x677 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x656, pos = _rlong(buf, pos)
-                acc654[k657] = x656
-        f_nominal_gpus = acc654
+                    x677, pos = _rlong(buf, pos)
+                acc675[k678] = x677
+        f_nominal_gpus = acc675
     b = buf[pos]
     if b < 128:
-        i661 = _ZD[b]
+        i682 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i661 = (z >> 1) ^ -(z & 1)
+        i682 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i661 = (z >> 1) ^ -(z & 1)
+        i682 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i661, pos = _rlong(buf, pos)
-    if i661 == 0:
+        i682, pos = _rlong(buf, pos)
+    if i682 == 0:
         f_nominal_cpu_milli = None
-    elif i661 == 1:
+    elif i682 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -3633,24 +3755,24 @@ def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i661, 2)
+        raise _union_error(i682, 2)
     b = buf[pos]
     if b < 128:
-        i662 = _ZD[b]
+        i683 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i662 = (z >> 1) ^ -(z & 1)
+        i683 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i662 = (z >> 1) ^ -(z & 1)
+        i683 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i662, pos = _rlong(buf, pos)
-    if i662 == 0:
+        i683, pos = _rlong(buf, pos)
+    if i683 == 0:
         f_nominal_memory_mib = None
-    elif i662 == 1:
+    elif i683 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -3666,24 +3788,24 @@ def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i662, 2)
+        raise _union_error(i683, 2)
     b = buf[pos]
     if b < 128:
-        i663 = _ZD[b]
+        i684 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i663 = (z >> 1) ^ -(z & 1)
+        i684 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i663 = (z >> 1) ^ -(z & 1)
+        i684 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i663, pos = _rlong(buf, pos)
-    if i663 == 0:
+        i684, pos = _rlong(buf, pos)
+    if i684 == 0:
         f_borrowing_limit_gpus = None
-    elif i663 == 1:
+    elif i684 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -3699,24 +3821,24 @@ def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i663, 2)
+        raise _union_error(i684, 2)
     b = buf[pos]
     if b < 128:
-        i664 = _ZD[b]
+        i685 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i664 = (z >> 1) ^ -(z & 1)
+        i685 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i664 = (z >> 1) ^ -(z & 1)
+        i685 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i664, pos = _rlong(buf, pos)
-    if i664 == 0:
+        i685, pos = _rlong(buf, pos)
+    if i685 == 0:
         f_lending_limit_gpus = None
-    elif i664 == 1:
+    elif i685 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -3732,25 +3854,25 @@ def _d_SetCohort647(buf: bytes, pos: int, end: int) -> tuple[_c_SetCohort, int]:
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i664, 2)
+        raise _union_error(i685, 2)
     o = _c_SetCohort(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
     return o, pos
 
 
-def _d_RemoveCohort664(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveCohort, int]:
+def _d_RemoveCohort685(buf: bytes, pos: int, end: int) -> tuple[_c_RemoveCohort, int]:
     f_cohort: str
-    n666 = _ZL[buf[pos]]
-    if n666 < 0:
-        n666, pos = _rlong(buf, pos)
-        if n666 < 0:
-            raise _length_error(n666, end - pos)
+    n687 = _ZL[buf[pos]]
+    if n687 < 0:
+        n687, pos = _rlong(buf, pos)
+        if n687 < 0:
+            raise _length_error(n687, end - pos)
     else:
         pos += 1
-    q667 = pos + n666
-    if q667 > end:
-        raise _length_error(n666, end - pos)
-    f_cohort = buf[pos:q667].decode()
-    pos = q667
+    q688 = pos + n687
+    if q688 > end:
+        raise _length_error(n687, end - pos)
+    f_cohort = buf[pos:q688].decode()
+    pos = q688
     o = _c_RemoveCohort(f_cohort)
     return o, pos
 
@@ -3760,7 +3882,7 @@ def decode_command(frame: Any) -> _c_Command:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_command(frame)
         frame = bytes(frame)
-    if frame[:10] != _k375:
+    if frame[:10] != _k386:
         return _slow_command(frame)
     buf: bytes = frame
     pos = 10
@@ -3771,30 +3893,30 @@ def decode_command(frame: Any) -> _c_Command:
         f_issued_at: int
         f_source: str
         f_payload: Any
-        n377 = _ZL[buf[pos]]
-        if n377 < 0:
-            n377, pos = _rlong(buf, pos)
-            if n377 < 0:
-                raise _length_error(n377, end - pos)
+        n388 = _ZL[buf[pos]]
+        if n388 < 0:
+            n388, pos = _rlong(buf, pos)
+            if n388 < 0:
+                raise _length_error(n388, end - pos)
         else:
             pos += 1
-        q378 = pos + n377
-        if q378 > end:
-            raise _length_error(n377, end - pos)
-        f_command_id = buf[pos:q378].decode()
-        pos = q378
-        n379 = _ZL[buf[pos]]
-        if n379 < 0:
-            n379, pos = _rlong(buf, pos)
-            if n379 < 0:
-                raise _length_error(n379, end - pos)
+        q389 = pos + n388
+        if q389 > end:
+            raise _length_error(n388, end - pos)
+        f_command_id = buf[pos:q389].decode()
+        pos = q389
+        n390 = _ZL[buf[pos]]
+        if n390 < 0:
+            n390, pos = _rlong(buf, pos)
+            if n390 < 0:
+                raise _length_error(n390, end - pos)
         else:
             pos += 1
-        q380 = pos + n379
-        if q380 > end:
-            raise _length_error(n379, end - pos)
-        f_cluster = buf[pos:q380].decode()
-        pos = q380
+        q391 = pos + n390
+        if q391 > end:
+            raise _length_error(n390, end - pos)
+        f_cluster = buf[pos:q391].decode()
+        pos = q391
         b = buf[pos]
         if b < 128:
             f_issued_at = _ZD[b]
@@ -3809,35 +3931,35 @@ def decode_command(frame: Any) -> _c_Command:
             pos += 3
         else:
             f_issued_at, pos = _rlong(buf, pos)
-        n381 = _ZL[buf[pos]]
-        if n381 < 0:
-            n381, pos = _rlong(buf, pos)
-            if n381 < 0:
-                raise _length_error(n381, end - pos)
+        n392 = _ZL[buf[pos]]
+        if n392 < 0:
+            n392, pos = _rlong(buf, pos)
+            if n392 < 0:
+                raise _length_error(n392, end - pos)
         else:
             pos += 1
-        q382 = pos + n381
-        if q382 > end:
-            raise _length_error(n381, end - pos)
-        f_source = buf[pos:q382].decode()
-        pos = q382
+        q393 = pos + n392
+        if q393 > end:
+            raise _length_error(n392, end - pos)
+        f_source = buf[pos:q393].decode()
+        pos = q393
         b = buf[pos]
         if b < 128:
-            i383 = _ZD[b]
+            i394 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i383 = (z >> 1) ^ -(z & 1)
+            i394 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i383 = (z >> 1) ^ -(z & 1)
+            i394 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i383, pos = _rlong(buf, pos)
-        if not 0 <= i383 < 22:
-            raise _union_error(i383, 22)
-        f_payload, pos = _k667[i383](buf, pos, end)
+            i394, pos = _rlong(buf, pos)
+        if not 0 <= i394 < 22:
+            raise _union_error(i394, 22)
+        f_payload, pos = _k688[i394](buf, pos, end)
         o = _c_Command(f_command_id, f_cluster, f_issued_at, f_payload, f_source)
     except DecodeError:
         raise
@@ -3848,331 +3970,343 @@ def decode_command(frame: Any) -> _c_Command:
     return o
 
 
-def _e_NodeAdded679(o: _c_NodeAdded) -> bytes:
-    return b"".join((_k680, (_P[n683] if (n683 := len(s682 := o.node_id.encode())) < 8192 else _long(n683)), s682, (_P[n685] if (n685 := len(s684 := o.gpu_model.encode())) < 8192 else _long(n685)), s684, (_P[n686] if 0 <= (n686 := o.gpu_count) < 8192 else _long(n686)), (_P[n687] if 0 <= (n687 := o.cpu_milli) < 8192 else _long(n687)), (_P[n688] if 0 <= (n688 := o.memory_mib) < 8192 else _long(n688)), (_b21(a689) if (a689 := o.labels) else b"\x00"), (_b27(a690) if (a690 := o.taints) else b"\x00"), (_P[n691] if 0 <= (n691 := o.gpu_memory_mib) < 8192 else _long(n691)),))
+def _e_NodeAdded700(o: _c_NodeAdded) -> bytes:
+    return b"".join((_k701, (_P[n704] if (n704 := len(s703 := o.node_id.encode())) < 8192 else _long(n704)), s703, (_P[n706] if (n706 := len(s705 := o.gpu_model.encode())) < 8192 else _long(n706)), s705, (_P[n707] if 0 <= (n707 := o.gpu_count) < 8192 else _long(n707)), (_P[n708] if 0 <= (n708 := o.cpu_milli) < 8192 else _long(n708)), (_P[n709] if 0 <= (n709 := o.memory_mib) < 8192 else _long(n709)), (_b21(a710) if (a710 := o.labels) else b"\x00"), (_b27(a711) if (a711 := o.taints) else b"\x00"), (_P[n712] if 0 <= (n712 := o.gpu_memory_mib) < 8192 else _long(n712)),))
 
 
-def _e_NodeRemoved691(o: _c_NodeRemoved) -> bytes:
-    return b"".join((_k692, (_P[n695] if (n695 := len(s694 := o.node_id.encode())) < 8192 else _long(n695)), s694, (b"\x01" if o.forced else b"\x00"),))
+def _e_NodeRemoved712(o: _c_NodeRemoved) -> bytes:
+    return b"".join((_k713, (_P[n716] if (n716 := len(s715 := o.node_id.encode())) < 8192 else _long(n716)), s715, (b"\x01" if o.forced else b"\x00"),))
 
 
-def _e_NodeCordoned695(o: _c_NodeCordoned) -> bytes:
-    return b"".join((_k696, (_P[n699] if (n699 := len(s698 := o.node_id.encode())) < 8192 else _long(n699)), s698,))
+def _e_NodeCordoned716(o: _c_NodeCordoned) -> bytes:
+    return b"".join((_k717, (_P[n720] if (n720 := len(s719 := o.node_id.encode())) < 8192 else _long(n720)), s719,))
 
 
-def _e_NodeUncordoned699(o: _c_NodeUncordoned) -> bytes:
-    return b"".join((_k700, (_P[n703] if (n703 := len(s702 := o.node_id.encode())) < 8192 else _long(n703)), s702,))
+def _e_NodeUncordoned720(o: _c_NodeUncordoned) -> bytes:
+    return b"".join((_k721, (_P[n724] if (n724 := len(s723 := o.node_id.encode())) < 8192 else _long(n724)), s723,))
 
 
-def _e_NodeDrained703(o: _c_NodeDrained) -> bytes:
-    return b"".join((_k704, (_P[n707] if (n707 := len(s706 := o.node_id.encode())) < 8192 else _long(n707)), s706, (_P[n708] if 0 <= (n708 := o.evicted) < 8192 else _long(n708)),))
+def _e_NodeDrained724(o: _c_NodeDrained) -> bytes:
+    return b"".join((_k725, (_P[n728] if (n728 := len(s727 := o.node_id.encode())) < 8192 else _long(n728)), s727, (_P[n729] if 0 <= (n729 := o.evicted) < 8192 else _long(n729)),))
 
 
-def _e_NodeFailed708(o: _c_NodeFailed) -> bytes:
-    return b"".join((_k709, (_P[n712] if (n712 := len(s711 := o.node_id.encode())) < 8192 else _long(n712)), s711, (_P[n714] if (n714 := len(s713 := o.reason.encode())) < 8192 else _long(n714)), s713, (_P[n715] if 0 <= (n715 := o.evicted) < 8192 else _long(n715)),))
+def _e_NodeFailed729(o: _c_NodeFailed) -> bytes:
+    return b"".join((_k730, (_P[n733] if (n733 := len(s732 := o.node_id.encode())) < 8192 else _long(n733)), s732, (_P[n735] if (n735 := len(s734 := o.reason.encode())) < 8192 else _long(n735)), s734, (_P[n736] if 0 <= (n736 := o.evicted) < 8192 else _long(n736)),))
 
 
-def _u734(v: Any) -> bytes:
-    return b"".join((_k734, (_P[n737] if (n737 := len(s736 := v.encode())) < 8192 else _long(n737)), s736,))
+def _u755(v: Any) -> bytes:
+    return b"".join((_k755, (_P[n758] if (n758 := len(s757 := v.encode())) < 8192 else _long(n758)), s757,))
 
 
-def _u740(v: Any) -> bytes:
-    return b"".join((_k740, (_P[n742] if 0 <= (n742 := v) < 8192 else _long(n742)),))
+def _u761(v: Any) -> bytes:
+    return b"".join((_k761, (_P[n763] if 0 <= (n763 := v) < 8192 else _long(n763)),))
 
 
-def _b754(a: Any) -> bytes:
+def _u775(v: Any) -> bytes:
+    return b"".join((_k775, (_P[n778] if (n778 := len(s777 := v.encode())) < 8192 else _long(n778)), s777,))
+
+
+def _b781(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n757] if (n757 := len(s756 := x.code.encode())) < 8192 else _long(n757)), s756, (_P[n758] if 0 <= (n758 := x.nodes) < 8192 else _long(n758)), (_P[n760] if (n760 := len(s759 := x.message.encode())) < 8192 else _long(n760)), s759,)
+        out += ((_P[n784] if (n784 := len(s783 := x.code.encode())) < 8192 else _long(n784)), s783, (_P[n785] if 0 <= (n785 := x.nodes) < 8192 else _long(n785)), (_P[n787] if (n787 := len(s786 := x.message.encode())) < 8192 else _long(n787)), s786,)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodQueued715(o: _c_PodQueued) -> bytes:
-    return b"".join((_k716, (_P[n720] if (n720 := len(s719 := (r718 := o.pod).pod_id.encode())) < 8192 else _long(n720)), s719, (_P[n722] if (n722 := len(s721 := r718.tenant.encode())) < 8192 else _long(n722)), s721, (_P[n723] if 0 <= (n723 := r718.priority) < 8192 else _long(n723)), (_P[n724] if 0 <= (n724 := r718.num_gpu) < 8192 else _long(n724)), (_P[n725] if 0 <= (n725 := r718.gpu_milli) < 8192 else _long(n725)), (_P[n726] if 0 <= (n726 := r718.cpu_milli) < 8192 else _long(n726)), (_P[n727] if 0 <= (n727 := r718.memory_mib) < 8192 else _long(n727)), (_b71(a728) if (a728 := r718.gpu_models) else b"\x00"), (_b21(a729) if (a729 := r718.node_selector) else b"\x00"), (_b76(a730) if (a730 := r718.tolerations) else b"\x00"), (_P[n731] if 0 <= (n731 := r718.submitted_at) < 8192 else _long(n731)), (_P[n732] if 0 <= (n732 := r718.arrival) < 8192 else _long(n732)), (_k737 if (u733 := r718.gang_id) is None else _u734(u733)), (_k742 if (u739 := r718.time_limit_ms) is None else _u740(u739)), (_b71(a744) if (a744 := r718.depends_on) else b"\x00"), (_P[n746] if (n746 := len(s745 := r718.dependency.encode())) < 8192 else _long(n746)), s745, (_P[n748] if (n748 := len(s747 := r718.preemption.encode())) < 8192 else _long(n748)), s747, (b"\x01" if r718.movable else b"\x00"), (_P[n749] if 0 <= (n749 := r718.gpu_memory_mib) < 8192 else _long(n749)), (_k751 if (u750 := r718.retry) is None else _k750[type(u750)](u750)), (b"\x01" if r718.preemptible else b"\x00"), (_b754(a753) if (a753 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a761) if (a761 := o.waiting_for) else b"\x00"),))
+def _e_PodQueued736(o: _c_PodQueued) -> bytes:
+    return b"".join((_k737, (_P[n741] if (n741 := len(s740 := (r739 := o.pod).pod_id.encode())) < 8192 else _long(n741)), s740, (_P[n743] if (n743 := len(s742 := r739.tenant.encode())) < 8192 else _long(n743)), s742, (_P[n744] if 0 <= (n744 := r739.priority) < 8192 else _long(n744)), (_P[n745] if 0 <= (n745 := r739.num_gpu) < 8192 else _long(n745)), (_P[n746] if 0 <= (n746 := r739.gpu_milli) < 8192 else _long(n746)), (_P[n747] if 0 <= (n747 := r739.cpu_milli) < 8192 else _long(n747)), (_P[n748] if 0 <= (n748 := r739.memory_mib) < 8192 else _long(n748)), (_b71(a749) if (a749 := r739.gpu_models) else b"\x00"), (_b21(a750) if (a750 := r739.node_selector) else b"\x00"), (_b76(a751) if (a751 := r739.tolerations) else b"\x00"), (_P[n752] if 0 <= (n752 := r739.submitted_at) < 8192 else _long(n752)), (_P[n753] if 0 <= (n753 := r739.arrival) < 8192 else _long(n753)), (_k758 if (u754 := r739.gang_id) is None else _u755(u754)), (_k763 if (u760 := r739.time_limit_ms) is None else _u761(u760)), (_b71(a765) if (a765 := r739.depends_on) else b"\x00"), (_P[n767] if (n767 := len(s766 := r739.dependency.encode())) < 8192 else _long(n767)), s766, (_P[n769] if (n769 := len(s768 := r739.preemption.encode())) < 8192 else _long(n769)), s768, (b"\x01" if r739.movable else b"\x00"), (_P[n770] if 0 <= (n770 := r739.gpu_memory_mib) < 8192 else _long(n770)), (_k772 if (u771 := r739.retry) is None else _k771[type(u771)](u771)), (b"\x01" if r739.preemptible else b"\x00"), (_k778 if (u774 := r739.role) is None else _u775(u774)), (_b781(a780) if (a780 := o.reasons) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a788) if (a788 := o.waiting_for) else b"\x00"),))
 
 
-def _u780(v: Any) -> bytes:
-    return b"".join((_k780, (_P[n783] if (n783 := len(s782 := v.encode())) < 8192 else _long(n783)), s782,))
+def _u807(v: Any) -> bytes:
+    return b"".join((_k807, (_P[n810] if (n810 := len(s809 := v.encode())) < 8192 else _long(n810)), s809,))
 
 
-def _u786(v: Any) -> bytes:
-    return b"".join((_k786, (_P[n788] if 0 <= (n788 := v) < 8192 else _long(n788)),))
+def _u813(v: Any) -> bytes:
+    return b"".join((_k813, (_P[n815] if 0 <= (n815 := v) < 8192 else _long(n815)),))
 
 
-def _b802(a: Any) -> bytes:
+def _u827(v: Any) -> bytes:
+    return b"".join((_k827, (_P[n830] if (n830 := len(s829 := v.encode())) < 8192 else _long(n830)), s829,))
+
+
+def _b835(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n804] if 0 <= (n804 := x.index) < 8192 else _long(n804)), (_P[n805] if 0 <= (n805 := x.milli) < 8192 else _long(n805)),)
+        out += ((_P[n837] if 0 <= (n837 := x.index) < 8192 else _long(n837)), (_P[n838] if 0 <= (n838 := x.milli) < 8192 else _long(n838)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _b809(a: Any) -> bytes:
+def _b842(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for k, x in a.items():
-        out += ((_P[n811] if (n811 := len(s810 := k.encode())) < 8192 else _long(n811)), s810, _pack_d(x),)
+        out += ((_P[n844] if (n844 := len(s843 := k.encode())) < 8192 else _long(n844)), s843, _pack_d(x),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _e_PodScheduled761(o: _c_PodScheduled) -> bytes:
-    return b"".join((_k762, (_P[n766] if (n766 := len(s765 := (r764 := o.pod).pod_id.encode())) < 8192 else _long(n766)), s765, (_P[n768] if (n768 := len(s767 := r764.tenant.encode())) < 8192 else _long(n768)), s767, (_P[n769] if 0 <= (n769 := r764.priority) < 8192 else _long(n769)), (_P[n770] if 0 <= (n770 := r764.num_gpu) < 8192 else _long(n770)), (_P[n771] if 0 <= (n771 := r764.gpu_milli) < 8192 else _long(n771)), (_P[n772] if 0 <= (n772 := r764.cpu_milli) < 8192 else _long(n772)), (_P[n773] if 0 <= (n773 := r764.memory_mib) < 8192 else _long(n773)), (_b71(a774) if (a774 := r764.gpu_models) else b"\x00"), (_b21(a775) if (a775 := r764.node_selector) else b"\x00"), (_b76(a776) if (a776 := r764.tolerations) else b"\x00"), (_P[n777] if 0 <= (n777 := r764.submitted_at) < 8192 else _long(n777)), (_P[n778] if 0 <= (n778 := r764.arrival) < 8192 else _long(n778)), (_k783 if (u779 := r764.gang_id) is None else _u780(u779)), (_k788 if (u785 := r764.time_limit_ms) is None else _u786(u785)), (_b71(a790) if (a790 := r764.depends_on) else b"\x00"), (_P[n792] if (n792 := len(s791 := r764.dependency.encode())) < 8192 else _long(n792)), s791, (_P[n794] if (n794 := len(s793 := r764.preemption.encode())) < 8192 else _long(n794)), s793, (b"\x01" if r764.movable else b"\x00"), (_P[n795] if 0 <= (n795 := r764.gpu_memory_mib) < 8192 else _long(n795)), (_k797 if (u796 := r764.retry) is None else _k796[type(u796)](u796)), (b"\x01" if r764.preemptible else b"\x00"), (_P[n800] if (n800 := len(s799 := o.node_id.encode())) < 8192 else _long(n800)), s799, (_b802(a801) if (a801 := o.gpus) else b"\x00"), (_P[n807] if (n807 := len(s806 := o.policy.encode())) < 8192 else _long(n807)), s806, (b"\x01" if o.from_queue else b"\x00"), (_b809(a808) if (a808 := o.scores) else b"\x00"), (_b71(a812) if (a812 := o.preempted) else b"\x00"),))
+def _e_PodScheduled788(o: _c_PodScheduled) -> bytes:
+    return b"".join((_k789, (_P[n793] if (n793 := len(s792 := (r791 := o.pod).pod_id.encode())) < 8192 else _long(n793)), s792, (_P[n795] if (n795 := len(s794 := r791.tenant.encode())) < 8192 else _long(n795)), s794, (_P[n796] if 0 <= (n796 := r791.priority) < 8192 else _long(n796)), (_P[n797] if 0 <= (n797 := r791.num_gpu) < 8192 else _long(n797)), (_P[n798] if 0 <= (n798 := r791.gpu_milli) < 8192 else _long(n798)), (_P[n799] if 0 <= (n799 := r791.cpu_milli) < 8192 else _long(n799)), (_P[n800] if 0 <= (n800 := r791.memory_mib) < 8192 else _long(n800)), (_b71(a801) if (a801 := r791.gpu_models) else b"\x00"), (_b21(a802) if (a802 := r791.node_selector) else b"\x00"), (_b76(a803) if (a803 := r791.tolerations) else b"\x00"), (_P[n804] if 0 <= (n804 := r791.submitted_at) < 8192 else _long(n804)), (_P[n805] if 0 <= (n805 := r791.arrival) < 8192 else _long(n805)), (_k810 if (u806 := r791.gang_id) is None else _u807(u806)), (_k815 if (u812 := r791.time_limit_ms) is None else _u813(u812)), (_b71(a817) if (a817 := r791.depends_on) else b"\x00"), (_P[n819] if (n819 := len(s818 := r791.dependency.encode())) < 8192 else _long(n819)), s818, (_P[n821] if (n821 := len(s820 := r791.preemption.encode())) < 8192 else _long(n821)), s820, (b"\x01" if r791.movable else b"\x00"), (_P[n822] if 0 <= (n822 := r791.gpu_memory_mib) < 8192 else _long(n822)), (_k824 if (u823 := r791.retry) is None else _k823[type(u823)](u823)), (b"\x01" if r791.preemptible else b"\x00"), (_k830 if (u826 := r791.role) is None else _u827(u826)), (_P[n833] if (n833 := len(s832 := o.node_id.encode())) < 8192 else _long(n833)), s832, (_b835(a834) if (a834 := o.gpus) else b"\x00"), (_P[n840] if (n840 := len(s839 := o.policy.encode())) < 8192 else _long(n840)), s839, (b"\x01" if o.from_queue else b"\x00"), (_b842(a841) if (a841 := o.scores) else b"\x00"), (_b71(a845) if (a845 := o.preempted) else b"\x00"),))
 
 
-def _e_PodEvicted812(o: _c_PodEvicted) -> bytes:
-    return b"".join((_k813, (_P[n816] if (n816 := len(s815 := o.pod_id.encode())) < 8192 else _long(n816)), s815, (_P[n818] if (n818 := len(s817 := o.node_id.encode())) < 8192 else _long(n818)), s817, (_P[n820] if (n820 := len(s819 := o.reason.encode())) < 8192 else _long(n820)), s819,))
+def _e_PodEvicted845(o: _c_PodEvicted) -> bytes:
+    return b"".join((_k846, (_P[n849] if (n849 := len(s848 := o.pod_id.encode())) < 8192 else _long(n849)), s848, (_P[n851] if (n851 := len(s850 := o.node_id.encode())) < 8192 else _long(n851)), s850, (_P[n853] if (n853 := len(s852 := o.reason.encode())) < 8192 else _long(n853)), s852,))
 
 
-def _u826(v: Any) -> bytes:
-    return b"".join((_k826, (_P[n829] if (n829 := len(s828 := v.encode())) < 8192 else _long(n829)), s828,))
+def _u859(v: Any) -> bytes:
+    return b"".join((_k859, (_P[n862] if (n862 := len(s861 := v.encode())) < 8192 else _long(n862)), s861,))
 
 
-def _e_PodReleased820(o: _c_PodReleased) -> bytes:
-    return b"".join((_k821, (_P[n824] if (n824 := len(s823 := o.pod_id.encode())) < 8192 else _long(n824)), s823, (_k829 if (u825 := o.node_id) is None else _u826(u825)), (_P[n832] if (n832 := len(s831 := o.reason.encode())) < 8192 else _long(n832)), s831,))
+def _e_PodReleased853(o: _c_PodReleased) -> bytes:
+    return b"".join((_k854, (_P[n857] if (n857 := len(s856 := o.pod_id.encode())) < 8192 else _long(n857)), s856, (_k862 if (u858 := o.node_id) is None else _u859(u858)), (_P[n865] if (n865 := len(s864 := o.reason.encode())) < 8192 else _long(n865)), s864,))
 
 
-def _u840(v: Any) -> bytes:
-    return b"".join((_k840, (_P[n842] if 0 <= (n842 := v) < 8192 else _long(n842)),))
+def _u873(v: Any) -> bytes:
+    return b"".join((_k873, (_P[n875] if 0 <= (n875 := v) < 8192 else _long(n875)),))
 
 
-def _u847(v: Any) -> bytes:
-    return b"".join((_k847, (_P[n849] if 0 <= (n849 := v) < 8192 else _long(n849)),))
+def _u880(v: Any) -> bytes:
+    return b"".join((_k880, (_P[n882] if 0 <= (n882 := v) < 8192 else _long(n882)),))
 
 
-def _e_PolicyChanged832(o: _c_PolicyChanged) -> bytes:
-    return b"".join((_k833, (_P[n836] if (n836 := len(s835 := o.policy.encode())) < 8192 else _long(n836)), s835, (_P[n838] if (n838 := len(s837 := o.previous.encode())) < 8192 else _long(n838)), s837, (_k842 if (u839 := o.reserve_after_ms) is None else _u840(u839)), (_P[n845] if (n845 := len(s844 := o.queue_order.encode())) < 8192 else _long(n845)), s844, (_k849 if (u846 := o.max_clock_jump_ms) is None else _u847(u846)),))
+def _e_PolicyChanged865(o: _c_PolicyChanged) -> bytes:
+    return b"".join((_k866, (_P[n869] if (n869 := len(s868 := o.policy.encode())) < 8192 else _long(n869)), s868, (_P[n871] if (n871 := len(s870 := o.previous.encode())) < 8192 else _long(n871)), s870, (_k875 if (u872 := o.reserve_after_ms) is None else _u873(u872)), (_P[n878] if (n878 := len(s877 := o.queue_order.encode())) < 8192 else _long(n878)), s877, (_k882 if (u879 := o.max_clock_jump_ms) is None else _u880(u879)),))
 
 
-def _e_CommandRejected850(o: _c_CommandRejected) -> bytes:
-    return b"".join((_k851, (_P[n854] if (n854 := len(s853 := o.command_id.encode())) < 8192 else _long(n854)), s853, (_P[n856] if (n856 := len(s855 := o.command_type.encode())) < 8192 else _long(n856)), s855, (_P[n858] if (n858 := len(s857 := o.code.encode())) < 8192 else _long(n858)), s857, (_P[n860] if (n860 := len(s859 := o.message.encode())) < 8192 else _long(n860)), s859,))
-
-
-def _u890(v: Any) -> bytes:
-    return b"".join((_k890, (_P[n893] if (n893 := len(s892 := v.encode())) < 8192 else _long(n893)), s892,))
-
-
-def _u896(v: Any) -> bytes:
-    return b"".join((_k896, (_P[n898] if 0 <= (n898 := v) < 8192 else _long(n898)),))
-
-
-def _b873(a: Any) -> bytes:
-    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
-    for x in a:
-        out += ((_P[n876] if (n876 := len(s875 := x.pod_id.encode())) < 8192 else _long(n876)), s875, (_P[n878] if (n878 := len(s877 := x.tenant.encode())) < 8192 else _long(n878)), s877, (_P[n879] if 0 <= (n879 := x.priority) < 8192 else _long(n879)), (_P[n880] if 0 <= (n880 := x.num_gpu) < 8192 else _long(n880)), (_P[n881] if 0 <= (n881 := x.gpu_milli) < 8192 else _long(n881)), (_P[n882] if 0 <= (n882 := x.cpu_milli) < 8192 else _long(n882)), (_P[n883] if 0 <= (n883 := x.memory_mib) < 8192 else _long(n883)), (_b71(a884) if (a884 := x.gpu_models) else b"\x00"), (_b21(a885) if (a885 := x.node_selector) else b"\x00"), (_b76(a886) if (a886 := x.tolerations) else b"\x00"), (_P[n887] if 0 <= (n887 := x.submitted_at) < 8192 else _long(n887)), (_P[n888] if 0 <= (n888 := x.arrival) < 8192 else _long(n888)), (_k893 if (u889 := x.gang_id) is None else _u890(u889)), (_k898 if (u895 := x.time_limit_ms) is None else _u896(u895)), (_b71(a900) if (a900 := x.depends_on) else b"\x00"), (_P[n902] if (n902 := len(s901 := x.dependency.encode())) < 8192 else _long(n902)), s901, (_P[n904] if (n904 := len(s903 := x.preemption.encode())) < 8192 else _long(n904)), s903, (b"\x01" if x.movable else b"\x00"), (_P[n905] if 0 <= (n905 := x.gpu_memory_mib) < 8192 else _long(n905)), (_k907 if (u906 := x.retry) is None else _k906[type(u906)](u906)), (b"\x01" if x.preemptible else b"\x00"),)
-    out.append(b"\x00")
-    return b"".join(out)
-
-
-def _u911(v: Any) -> bytes:
-    return b"".join((_k911, (_P[n914] if (n914 := len(s913 := v.encode())) < 8192 else _long(n914)), s913,))
-
-
-def _u917(v: Any) -> bytes:
-    return b"".join((_k917, (_P[n920] if (n920 := len(s919 := v.encode())) < 8192 else _long(n920)), s919,))
+def _e_CommandRejected883(o: _c_CommandRejected) -> bytes:
+    return b"".join((_k884, (_P[n887] if (n887 := len(s886 := o.command_id.encode())) < 8192 else _long(n887)), s886, (_P[n889] if (n889 := len(s888 := o.command_type.encode())) < 8192 else _long(n889)), s888, (_P[n891] if (n891 := len(s890 := o.code.encode())) < 8192 else _long(n891)), s890, (_P[n893] if (n893 := len(s892 := o.message.encode())) < 8192 else _long(n893)), s892,))
 
 
 def _u923(v: Any) -> bytes:
-    return b"".join((_k923, (_P[n925] if 0 <= (n925 := v) < 8192 else _long(n925)),))
+    return b"".join((_k923, (_P[n926] if (n926 := len(s925 := v.encode())) < 8192 else _long(n926)), s925,))
 
 
-def _u928(v: Any) -> bytes:
-    return b"".join((_k928, (_P[n930] if 0 <= (n930 := v) < 8192 else _long(n930)),))
+def _u929(v: Any) -> bytes:
+    return b"".join((_k929, (_P[n931] if 0 <= (n931 := v) < 8192 else _long(n931)),))
 
 
 def _u943(v: Any) -> bytes:
-    return b"".join((_k943, (_P[n945] if 0 <= (n945 := v) < 8192 else _long(n945)),))
+    return b"".join((_k943, (_P[n946] if (n946 := len(s945 := v.encode())) < 8192 else _long(n946)), s945,))
 
 
-def _e_GangQueued860(o: _c_GangQueued) -> bytes:
-    return b"".join((_k861, (_P[n864] if (n864 := len(s863 := o.gang_id.encode())) < 8192 else _long(n864)), s863, (_b754(a865) if (a865 := o.reasons) else b"\x00"), (_P[n868] if (n868 := len(s867 := (r866 := o.gang).gang_id.encode())) < 8192 else _long(n868)), s867, (_P[n870] if (n870 := len(s869 := r866.tenant.encode())) < 8192 else _long(n870)), s869, (_P[n871] if 0 <= (n871 := r866.priority) < 8192 else _long(n871)), (_b873(a872) if (a872 := r866.members) else b"\x00"), (_P[n909] if 0 <= (n909 := r866.min_members) < 8192 else _long(n909)), (_k914 if (u910 := r866.topology_required) is None else _u911(u910)), (_k920 if (u916 := r866.topology_preferred) is None else _u917(u916)), (_k925 if (u922 := r866.timeout_ms) is None else _u923(u922)), (_k930 if (u927 := r866.time_limit_ms) is None else _u928(u927)), (_b71(a932) if (a932 := r866.depends_on) else b"\x00"), (_P[n934] if (n934 := len(s933 := r866.dependency.encode())) < 8192 else _long(n934)), s933, (_P[n935] if 0 <= (n935 := r866.submitted_at) < 8192 else _long(n935)), (_P[n936] if 0 <= (n936 := r866.arrival) < 8192 else _long(n936)), (_P[n938] if (n938 := len(s937 := r866.preemption.encode())) < 8192 else _long(n938)), s937, (_k940 if (u939 := r866.retry) is None else _k939[type(u939)](u939)), (_k945 if (u942 := r866.queued_at) is None else _u943(u942)), (b"\x01" if r866.preemptible else b"\x00"), (_P[n948] if (n948 := len(s947 := r866.disruption.encode())) < 8192 else _long(n948)), s947, (b"\x01" if o.requeued else b"\x00"), (_b71(a949) if (a949 := o.waiting_for) else b"\x00"),))
-
-
-def _b955(a: Any) -> bytes:
+def _b906(a: Any) -> bytes:
     out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
     for x in a:
-        out += ((_P[n958] if (n958 := len(s957 := x.pod_id.encode())) < 8192 else _long(n958)), s957, (_P[n960] if (n960 := len(s959 := x.node_id.encode())) < 8192 else _long(n960)), s959, (_b802(a961) if (a961 := x.gpus) else b"\x00"),)
+        out += ((_P[n909] if (n909 := len(s908 := x.pod_id.encode())) < 8192 else _long(n909)), s908, (_P[n911] if (n911 := len(s910 := x.tenant.encode())) < 8192 else _long(n911)), s910, (_P[n912] if 0 <= (n912 := x.priority) < 8192 else _long(n912)), (_P[n913] if 0 <= (n913 := x.num_gpu) < 8192 else _long(n913)), (_P[n914] if 0 <= (n914 := x.gpu_milli) < 8192 else _long(n914)), (_P[n915] if 0 <= (n915 := x.cpu_milli) < 8192 else _long(n915)), (_P[n916] if 0 <= (n916 := x.memory_mib) < 8192 else _long(n916)), (_b71(a917) if (a917 := x.gpu_models) else b"\x00"), (_b21(a918) if (a918 := x.node_selector) else b"\x00"), (_b76(a919) if (a919 := x.tolerations) else b"\x00"), (_P[n920] if 0 <= (n920 := x.submitted_at) < 8192 else _long(n920)), (_P[n921] if 0 <= (n921 := x.arrival) < 8192 else _long(n921)), (_k926 if (u922 := x.gang_id) is None else _u923(u922)), (_k931 if (u928 := x.time_limit_ms) is None else _u929(u928)), (_b71(a933) if (a933 := x.depends_on) else b"\x00"), (_P[n935] if (n935 := len(s934 := x.dependency.encode())) < 8192 else _long(n935)), s934, (_P[n937] if (n937 := len(s936 := x.preemption.encode())) < 8192 else _long(n937)), s936, (b"\x01" if x.movable else b"\x00"), (_P[n938] if 0 <= (n938 := x.gpu_memory_mib) < 8192 else _long(n938)), (_k940 if (u939 := x.retry) is None else _k939[type(u939)](u939)), (b"\x01" if x.preemptible else b"\x00"), (_k946 if (u942 := x.role) is None else _u943(u942)),)
     out.append(b"\x00")
     return b"".join(out)
 
 
-def _u971(v: Any) -> bytes:
-    return b"".join((_k971, (_P[n974] if (n974 := len(s973 := v.encode())) < 8192 else _long(n974)), s973,))
+def _u950(v: Any) -> bytes:
+    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := v.encode())) < 8192 else _long(n953)), s952,))
 
 
-def _u977(v: Any) -> bytes:
-    return b"".join((_k977, (_P[n980] if (n980 := len(s979 := v.encode())) < 8192 else _long(n980)), s979,))
+def _u956(v: Any) -> bytes:
+    return b"".join((_k956, (_P[n959] if (n959 := len(s958 := v.encode())) < 8192 else _long(n959)), s958,))
 
 
-def _u983(v: Any) -> bytes:
-    return b"".join((_k983, (_P[n985] if 0 <= (n985 := v) < 8192 else _long(n985)),))
+def _u962(v: Any) -> bytes:
+    return b"".join((_k962, (_P[n964] if 0 <= (n964 := v) < 8192 else _long(n964)),))
 
 
-def _u988(v: Any) -> bytes:
-    return b"".join((_k988, (_P[n990] if 0 <= (n990 := v) < 8192 else _long(n990)),))
+def _u967(v: Any) -> bytes:
+    return b"".join((_k967, (_P[n969] if 0 <= (n969 := v) < 8192 else _long(n969)),))
 
 
-def _u1003(v: Any) -> bytes:
-    return b"".join((_k1003, (_P[n1005] if 0 <= (n1005 := v) < 8192 else _long(n1005)),))
+def _u982(v: Any) -> bytes:
+    return b"".join((_k982, (_P[n984] if 0 <= (n984 := v) < 8192 else _long(n984)),))
 
 
-def _u1010(v: Any) -> bytes:
-    return b"".join((_k1010, (_P[n1013] if (n1013 := len(s1012 := v.encode())) < 8192 else _long(n1013)), s1012,))
+def _e_GangQueued893(o: _c_GangQueued) -> bytes:
+    return b"".join((_k894, (_P[n897] if (n897 := len(s896 := o.gang_id.encode())) < 8192 else _long(n897)), s896, (_b781(a898) if (a898 := o.reasons) else b"\x00"), (_P[n901] if (n901 := len(s900 := (r899 := o.gang).gang_id.encode())) < 8192 else _long(n901)), s900, (_P[n903] if (n903 := len(s902 := r899.tenant.encode())) < 8192 else _long(n903)), s902, (_P[n904] if 0 <= (n904 := r899.priority) < 8192 else _long(n904)), (_b906(a905) if (a905 := r899.members) else b"\x00"), (_P[n948] if 0 <= (n948 := r899.min_members) < 8192 else _long(n948)), (_k953 if (u949 := r899.topology_required) is None else _u950(u949)), (_k959 if (u955 := r899.topology_preferred) is None else _u956(u955)), (_k964 if (u961 := r899.timeout_ms) is None else _u962(u961)), (_k969 if (u966 := r899.time_limit_ms) is None else _u967(u966)), (_b71(a971) if (a971 := r899.depends_on) else b"\x00"), (_P[n973] if (n973 := len(s972 := r899.dependency.encode())) < 8192 else _long(n973)), s972, (_P[n974] if 0 <= (n974 := r899.submitted_at) < 8192 else _long(n974)), (_P[n975] if 0 <= (n975 := r899.arrival) < 8192 else _long(n975)), (_P[n977] if (n977 := len(s976 := r899.preemption.encode())) < 8192 else _long(n977)), s976, (_k979 if (u978 := r899.retry) is None else _k978[type(u978)](u978)), (_k984 if (u981 := r899.queued_at) is None else _u982(u981)), (b"\x01" if r899.preemptible else b"\x00"), (_P[n987] if (n987 := len(s986 := r899.disruption.encode())) < 8192 else _long(n987)), s986, (_b243(a988) if (a988 := r899.min_members_per_role) else b"\x00"), (b"\x01" if o.requeued else b"\x00"), (_b71(a989) if (a989 := o.waiting_for) else b"\x00"),))
 
 
-def _u1016(v: Any) -> bytes:
-    return b"".join((_k1016, (_P[n1019] if (n1019 := len(s1018 := v.encode())) < 8192 else _long(n1019)), s1018,))
+def _b995(a: Any) -> bytes:
+    out: list[bytes] = [(_P[n] if (n := len(a)) < 8192 else _long(n))]
+    for x in a:
+        out += ((_P[n998] if (n998 := len(s997 := x.pod_id.encode())) < 8192 else _long(n998)), s997, (_P[n1000] if (n1000 := len(s999 := x.node_id.encode())) < 8192 else _long(n1000)), s999, (_b835(a1001) if (a1001 := x.gpus) else b"\x00"),)
+    out.append(b"\x00")
+    return b"".join(out)
 
 
-def _e_GangScheduled949(o: _c_GangScheduled) -> bytes:
-    return b"".join((_k950, (_P[n953] if (n953 := len(s952 := o.gang_id.encode())) < 8192 else _long(n953)), s952, (_b955(a954) if (a954 := o.members) else b"\x00"), (_P[n964] if (n964 := len(s963 := (r962 := o.gang).gang_id.encode())) < 8192 else _long(n964)), s963, (_P[n966] if (n966 := len(s965 := r962.tenant.encode())) < 8192 else _long(n966)), s965, (_P[n967] if 0 <= (n967 := r962.priority) < 8192 else _long(n967)), (_b873(a968) if (a968 := r962.members) else b"\x00"), (_P[n969] if 0 <= (n969 := r962.min_members) < 8192 else _long(n969)), (_k974 if (u970 := r962.topology_required) is None else _u971(u970)), (_k980 if (u976 := r962.topology_preferred) is None else _u977(u976)), (_k985 if (u982 := r962.timeout_ms) is None else _u983(u982)), (_k990 if (u987 := r962.time_limit_ms) is None else _u988(u987)), (_b71(a992) if (a992 := r962.depends_on) else b"\x00"), (_P[n994] if (n994 := len(s993 := r962.dependency.encode())) < 8192 else _long(n994)), s993, (_P[n995] if 0 <= (n995 := r962.submitted_at) < 8192 else _long(n995)), (_P[n996] if 0 <= (n996 := r962.arrival) < 8192 else _long(n996)), (_P[n998] if (n998 := len(s997 := r962.preemption.encode())) < 8192 else _long(n998)), s997, (_k1000 if (u999 := r962.retry) is None else _k999[type(u999)](u999)), (_k1005 if (u1002 := r962.queued_at) is None else _u1003(u1002)), (b"\x01" if r962.preemptible else b"\x00"), (_P[n1008] if (n1008 := len(s1007 := r962.disruption.encode())) < 8192 else _long(n1008)), s1007, (_k1013 if (u1009 := o.topology_key) is None else _u1010(u1009)), (_k1019 if (u1015 := o.domain) is None else _u1016(u1015)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1022] if (n1022 := len(s1021 := o.message.encode())) < 8192 else _long(n1022)), s1021, (_b71(a1023) if (a1023 := o.preempted) else b"\x00"),))
+def _u1011(v: Any) -> bytes:
+    return b"".join((_k1011, (_P[n1014] if (n1014 := len(s1013 := v.encode())) < 8192 else _long(n1014)), s1013,))
 
 
-def _e_GangTimedOut1023(o: _c_GangTimedOut) -> bytes:
-    return b"".join((_k1024, (_P[n1027] if (n1027 := len(s1026 := o.gang_id.encode())) < 8192 else _long(n1027)), s1026, (_P[n1028] if 0 <= (n1028 := o.waited_ms) < 8192 else _long(n1028)), (_P[n1030] if (n1030 := len(s1029 := o.message.encode())) < 8192 else _long(n1030)), s1029,))
+def _u1017(v: Any) -> bytes:
+    return b"".join((_k1017, (_P[n1020] if (n1020 := len(s1019 := v.encode())) < 8192 else _long(n1020)), s1019,))
 
 
-def _e_GangReleased1030(o: _c_GangReleased) -> bytes:
-    return b"".join((_k1031, (_P[n1034] if (n1034 := len(s1033 := o.gang_id.encode())) < 8192 else _long(n1034)), s1033, (_P[n1036] if (n1036 := len(s1035 := o.reason.encode())) < 8192 else _long(n1036)), s1035, (b"\x01" if o.ok else b"\x00"), (_b71(a1037) if (a1037 := o.members_ended) else b"\x00"),))
+def _u1023(v: Any) -> bytes:
+    return b"".join((_k1023, (_P[n1025] if 0 <= (n1025 := v) < 8192 else _long(n1025)),))
 
 
-def _u1046(v: Any) -> bytes:
-    return b"".join((_k1046, (_P[n1049] if (n1049 := len(s1048 := v.encode())) < 8192 else _long(n1049)), s1048,))
+def _u1028(v: Any) -> bytes:
+    return b"".join((_k1028, (_P[n1030] if 0 <= (n1030 := v) < 8192 else _long(n1030)),))
 
 
-def _e_PodTimeLimitReached1037(o: _c_PodTimeLimitReached) -> bytes:
-    return b"".join((_k1038, (_P[n1041] if (n1041 := len(s1040 := o.pod_id.encode())) < 8192 else _long(n1041)), s1040, (_P[n1043] if (n1043 := len(s1042 := o.node_id.encode())) < 8192 else _long(n1043)), s1042, (_P[n1044] if 0 <= (n1044 := o.time_limit_ms) < 8192 else _long(n1044)), (_k1049 if (u1045 := o.gang_id) is None else _u1046(u1045)),))
+def _u1043(v: Any) -> bytes:
+    return b"".join((_k1043, (_P[n1045] if 0 <= (n1045 := v) < 8192 else _long(n1045)),))
 
 
-def _u1059(v: Any) -> bytes:
-    return b"".join((_k1059, (_P[n1061] if 0 <= (n1061 := v) < 8192 else _long(n1061)),))
+def _u1051(v: Any) -> bytes:
+    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := v.encode())) < 8192 else _long(n1054)), s1053,))
 
 
-def _e_NodesReserved1050(o: _c_NodesReserved) -> bytes:
-    return b"".join((_k1051, (_P[n1054] if (n1054 := len(s1053 := o.holder_id.encode())) < 8192 else _long(n1054)), s1053, (_P[n1056] if (n1056 := len(s1055 := o.holder_kind.encode())) < 8192 else _long(n1056)), s1055, (_b71(a1057) if (a1057 := o.nodes) else b"\x00"), (_k1061 if (u1058 := o.expected_start) is None else _u1059(u1058)), (_P[n1064] if (n1064 := len(s1063 := o.message.encode())) < 8192 else _long(n1064)), s1063,))
+def _u1057(v: Any) -> bytes:
+    return b"".join((_k1057, (_P[n1060] if (n1060 := len(s1059 := v.encode())) < 8192 else _long(n1060)), s1059,))
 
 
-def _e_ReservationReleased1064(o: _c_ReservationReleased) -> bytes:
-    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.holder_id.encode())) < 8192 else _long(n1068)), s1067, (_P[n1070] if (n1070 := len(s1069 := o.holder_kind.encode())) < 8192 else _long(n1070)), s1069, (_b71(a1071) if (a1071 := o.nodes) else b"\x00"), (_P[n1073] if (n1073 := len(s1072 := o.reason.encode())) < 8192 else _long(n1073)), s1072, (_P[n1075] if (n1075 := len(s1074 := o.message.encode())) < 8192 else _long(n1075)), s1074,))
+def _e_GangScheduled989(o: _c_GangScheduled) -> bytes:
+    return b"".join((_k990, (_P[n993] if (n993 := len(s992 := o.gang_id.encode())) < 8192 else _long(n993)), s992, (_b995(a994) if (a994 := o.members) else b"\x00"), (_P[n1004] if (n1004 := len(s1003 := (r1002 := o.gang).gang_id.encode())) < 8192 else _long(n1004)), s1003, (_P[n1006] if (n1006 := len(s1005 := r1002.tenant.encode())) < 8192 else _long(n1006)), s1005, (_P[n1007] if 0 <= (n1007 := r1002.priority) < 8192 else _long(n1007)), (_b906(a1008) if (a1008 := r1002.members) else b"\x00"), (_P[n1009] if 0 <= (n1009 := r1002.min_members) < 8192 else _long(n1009)), (_k1014 if (u1010 := r1002.topology_required) is None else _u1011(u1010)), (_k1020 if (u1016 := r1002.topology_preferred) is None else _u1017(u1016)), (_k1025 if (u1022 := r1002.timeout_ms) is None else _u1023(u1022)), (_k1030 if (u1027 := r1002.time_limit_ms) is None else _u1028(u1027)), (_b71(a1032) if (a1032 := r1002.depends_on) else b"\x00"), (_P[n1034] if (n1034 := len(s1033 := r1002.dependency.encode())) < 8192 else _long(n1034)), s1033, (_P[n1035] if 0 <= (n1035 := r1002.submitted_at) < 8192 else _long(n1035)), (_P[n1036] if 0 <= (n1036 := r1002.arrival) < 8192 else _long(n1036)), (_P[n1038] if (n1038 := len(s1037 := r1002.preemption.encode())) < 8192 else _long(n1038)), s1037, (_k1040 if (u1039 := r1002.retry) is None else _k1039[type(u1039)](u1039)), (_k1045 if (u1042 := r1002.queued_at) is None else _u1043(u1042)), (b"\x01" if r1002.preemptible else b"\x00"), (_P[n1048] if (n1048 := len(s1047 := r1002.disruption.encode())) < 8192 else _long(n1048)), s1047, (_b243(a1049) if (a1049 := r1002.min_members_per_role) else b"\x00"), (_k1054 if (u1050 := o.topology_key) is None else _u1051(u1050)), (_k1060 if (u1056 := o.domain) is None else _u1057(u1056)), (b"\x01" if o.from_queue else b"\x00"), (_P[n1063] if (n1063 := len(s1062 := o.message.encode())) < 8192 else _long(n1063)), s1062, (_b71(a1064) if (a1064 := o.preempted) else b"\x00"),))
 
 
-def _e_DependencyFailed1075(o: _c_DependencyFailed) -> bytes:
-    return b"".join((_k1076, (_P[n1079] if (n1079 := len(s1078 := o.holder_id.encode())) < 8192 else _long(n1079)), s1078, (_P[n1081] if (n1081 := len(s1080 := o.holder_kind.encode())) < 8192 else _long(n1081)), s1080, (_P[n1083] if (n1083 := len(s1082 := o.dependency_id.encode())) < 8192 else _long(n1083)), s1082, (_P[n1085] if (n1085 := len(s1084 := o.message.encode())) < 8192 else _long(n1085)), s1084,))
+def _e_GangTimedOut1064(o: _c_GangTimedOut) -> bytes:
+    return b"".join((_k1065, (_P[n1068] if (n1068 := len(s1067 := o.gang_id.encode())) < 8192 else _long(n1068)), s1067, (_P[n1069] if 0 <= (n1069 := o.waited_ms) < 8192 else _long(n1069)), (_P[n1071] if (n1071 := len(s1070 := o.message.encode())) < 8192 else _long(n1071)), s1070,))
 
 
-def _e_Ticked1085(o: _c_Ticked) -> bytes:
-    return b"".join((_k1086, (_P[n1088] if 0 <= (n1088 := o.clock) < 8192 else _long(n1088)), (b"\x01" if o.partition else b"\x00"),))
+def _e_GangReleased1071(o: _c_GangReleased) -> bytes:
+    return b"".join((_k1072, (_P[n1075] if (n1075 := len(s1074 := o.gang_id.encode())) < 8192 else _long(n1075)), s1074, (_P[n1077] if (n1077 := len(s1076 := o.reason.encode())) < 8192 else _long(n1077)), s1076, (b"\x01" if o.ok else b"\x00"), (_b71(a1078) if (a1078 := o.members_ended) else b"\x00"),))
 
 
-def _e_PodPreempted1088(o: _c_PodPreempted) -> bytes:
-    return b"".join((_k1089, (_P[n1092] if (n1092 := len(s1091 := o.pod_id.encode())) < 8192 else _long(n1092)), s1091, (_P[n1094] if (n1094 := len(s1093 := o.node_id.encode())) < 8192 else _long(n1094)), s1093, (_P[n1096] if (n1096 := len(s1095 := o.by.encode())) < 8192 else _long(n1096)), s1095, (_P[n1098] if (n1098 := len(s1097 := o.reason.encode())) < 8192 else _long(n1098)), s1097, (_P[n1100] if (n1100 := len(s1099 := o.message.encode())) < 8192 else _long(n1100)), s1099,))
+def _u1087(v: Any) -> bytes:
+    return b"".join((_k1087, (_P[n1090] if (n1090 := len(s1089 := v.encode())) < 8192 else _long(n1090)), s1089,))
 
 
-def _u1104(v: Any) -> bytes:
-    return b"".join((_k1104, (_P[n1107] if (n1107 := len(s1106 := v.encode())) < 8192 else _long(n1107)), s1106,))
+def _e_PodTimeLimitReached1078(o: _c_PodTimeLimitReached) -> bytes:
+    return b"".join((_k1079, (_P[n1082] if (n1082 := len(s1081 := o.pod_id.encode())) < 8192 else _long(n1082)), s1081, (_P[n1084] if (n1084 := len(s1083 := o.node_id.encode())) < 8192 else _long(n1084)), s1083, (_P[n1085] if 0 <= (n1085 := o.time_limit_ms) < 8192 else _long(n1085)), (_k1090 if (u1086 := o.gang_id) is None else _u1087(u1086)),))
 
 
-def _e_QuotaChanged1100(o: _c_QuotaChanged) -> bytes:
-    return b"".join((_k1101, (_k1107 if (u1103 := o.tenant) is None else _u1104(u1103)), (_k1110 if (u1109 := o.quota) is None else _k1109[type(u1109)](u1109)), (_k1113 if (u1112 := o.previous) is None else _k1112[type(u1112)](u1112)), (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
+def _u1100(v: Any) -> bytes:
+    return b"".join((_k1100, (_P[n1102] if 0 <= (n1102 := v) < 8192 else _long(n1102)),))
 
 
-def _e_PodMigrated1116(o: _c_PodMigrated) -> bytes:
-    return b"".join((_k1117, (_P[n1120] if (n1120 := len(s1119 := o.pod_id.encode())) < 8192 else _long(n1120)), s1119, (_P[n1122] if (n1122 := len(s1121 := o.from_node.encode())) < 8192 else _long(n1122)), s1121, (_b802(a1123) if (a1123 := o.from_gpus) else b"\x00"), (_P[n1125] if (n1125 := len(s1124 := o.to_node.encode())) < 8192 else _long(n1125)), s1124, (_b802(a1126) if (a1126 := o.to_gpus) else b"\x00"), (_P[n1128] if (n1128 := len(s1127 := o.reason.encode())) < 8192 else _long(n1128)), s1127, (_P[n1130] if (n1130 := len(s1129 := o.message.encode())) < 8192 else _long(n1130)), s1129,))
+def _e_NodesReserved1091(o: _c_NodesReserved) -> bytes:
+    return b"".join((_k1092, (_P[n1095] if (n1095 := len(s1094 := o.holder_id.encode())) < 8192 else _long(n1095)), s1094, (_P[n1097] if (n1097 := len(s1096 := o.holder_kind.encode())) < 8192 else _long(n1097)), s1096, (_b71(a1098) if (a1098 := o.nodes) else b"\x00"), (_k1102 if (u1099 := o.expected_start) is None else _u1100(u1099)), (_P[n1105] if (n1105 := len(s1104 := o.message.encode())) < 8192 else _long(n1105)), s1104,))
 
 
-def _u1137(v: Any) -> bytes:
-    return b"".join((_k1137, (_P[n1140] if (n1140 := len(s1139 := v.encode())) < 8192 else _long(n1140)), s1139,))
+def _e_ReservationReleased1105(o: _c_ReservationReleased) -> bytes:
+    return b"".join((_k1106, (_P[n1109] if (n1109 := len(s1108 := o.holder_id.encode())) < 8192 else _long(n1109)), s1108, (_P[n1111] if (n1111 := len(s1110 := o.holder_kind.encode())) < 8192 else _long(n1111)), s1110, (_b71(a1112) if (a1112 := o.nodes) else b"\x00"), (_P[n1114] if (n1114 := len(s1113 := o.reason.encode())) < 8192 else _long(n1114)), s1113, (_P[n1116] if (n1116 := len(s1115 := o.message.encode())) < 8192 else _long(n1116)), s1115,))
 
 
-def _e_DefragmentationPlanned1130(o: _c_DefragmentationPlanned) -> bytes:
-    return b"".join((_k1131, (_P[n1133] if 0 <= (n1133 := o.moves) < 8192 else _long(n1133)), (_P[n1134] if 0 <= (n1134 := o.gpus_freed) < 8192 else _long(n1134)), (_P[n1135] if 0 <= (n1135 := o.nodes_freed) < 8192 else _long(n1135)), (_k1140 if (u1136 := o.target) is None else _u1137(u1136)), (_P[n1143] if (n1143 := len(s1142 := o.message.encode())) < 8192 else _long(n1143)), s1142,))
+def _e_DependencyFailed1116(o: _c_DependencyFailed) -> bytes:
+    return b"".join((_k1117, (_P[n1120] if (n1120 := len(s1119 := o.holder_id.encode())) < 8192 else _long(n1120)), s1119, (_P[n1122] if (n1122 := len(s1121 := o.holder_kind.encode())) < 8192 else _long(n1122)), s1121, (_P[n1124] if (n1124 := len(s1123 := o.dependency_id.encode())) < 8192 else _long(n1124)), s1123, (_P[n1126] if (n1126 := len(s1125 := o.message.encode())) < 8192 else _long(n1126)), s1125,))
 
 
-def _e_ClusterHalted1143(o: _c_ClusterHalted) -> bytes:
-    return b"".join((_k1144, (_P[n1147] if (n1147 := len(s1146 := o.cluster.encode())) < 8192 else _long(n1147)), s1146, (_P[n1149] if (n1149 := len(s1148 := o.command_id.encode())) < 8192 else _long(n1149)), s1148, (_P[n1151] if (n1151 := len(s1150 := o.error.encode())) < 8192 else _long(n1151)), s1150, (_P[n1153] if (n1153 := len(s1152 := o.message.encode())) < 8192 else _long(n1153)), s1152,))
+def _e_Ticked1126(o: _c_Ticked) -> bytes:
+    return b"".join((_k1127, (_P[n1129] if 0 <= (n1129 := o.clock) < 8192 else _long(n1129)), (b"\x01" if o.partition else b"\x00"),))
 
 
-def _e_ClusterResumed1153(o: _c_ClusterResumed) -> bytes:
-    return b"".join((_k1154, (_P[n1157] if (n1157 := len(s1156 := o.cluster.encode())) < 8192 else _long(n1157)), s1156, (_P[n1159] if (n1159 := len(s1158 := o.halted_command_id.encode())) < 8192 else _long(n1159)), s1158, (_P[n1160] if 0 <= (n1160 := o.halted_offset) < 8192 else _long(n1160)), (_P[n1161] if 0 <= (n1161 := o.refolded_from) < 8192 else _long(n1161)), (_P[n1163] if (n1163 := len(s1162 := o.message.encode())) < 8192 else _long(n1163)), s1162,))
+def _e_PodPreempted1129(o: _c_PodPreempted) -> bytes:
+    return b"".join((_k1130, (_P[n1133] if (n1133 := len(s1132 := o.pod_id.encode())) < 8192 else _long(n1133)), s1132, (_P[n1135] if (n1135 := len(s1134 := o.node_id.encode())) < 8192 else _long(n1135)), s1134, (_P[n1137] if (n1137 := len(s1136 := o.by.encode())) < 8192 else _long(n1137)), s1136, (_P[n1139] if (n1139 := len(s1138 := o.reason.encode())) < 8192 else _long(n1139)), s1138, (_P[n1141] if (n1141 := len(s1140 := o.message.encode())) < 8192 else _long(n1141)), s1140,))
 
 
-def _e_NodeRecovered1163(o: _c_NodeRecovered) -> bytes:
-    return b"".join((_k1164, (_P[n1167] if (n1167 := len(s1166 := o.node_id.encode())) < 8192 else _long(n1167)), s1166,))
+def _u1145(v: Any) -> bytes:
+    return b"".join((_k1145, (_P[n1148] if (n1148 := len(s1147 := v.encode())) < 8192 else _long(n1148)), s1147,))
 
 
-def _e_NodeUpdated1167(o: _c_NodeUpdated) -> bytes:
-    return b"".join((_k1168, (_P[n1171] if (n1171 := len(s1170 := o.node_id.encode())) < 8192 else _long(n1171)), s1170, (_b21(a1172) if (a1172 := o.labels) else b"\x00"), (_b27(a1173) if (a1173 := o.taints) else b"\x00"), (_P[n1174] if 0 <= (n1174 := o.evicting) < 8192 else _long(n1174)),))
+def _e_QuotaChanged1141(o: _c_QuotaChanged) -> bytes:
+    return b"".join((_k1142, (_k1148 if (u1144 := o.tenant) is None else _u1145(u1144)), (_k1151 if (u1150 := o.quota) is None else _k1150[type(u1150)](u1150)), (_k1154 if (u1153 := o.previous) is None else _k1153[type(u1153)](u1153)), (_P[n1157] if (n1157 := len(s1156 := o.message.encode())) < 8192 else _long(n1157)), s1156,))
 
 
-def _u1182(v: Any) -> bytes:
-    return b"".join((_k1182, (_P[n1185] if (n1185 := len(s1184 := v.encode())) < 8192 else _long(n1185)), s1184,))
+def _e_PodMigrated1157(o: _c_PodMigrated) -> bytes:
+    return b"".join((_k1158, (_P[n1161] if (n1161 := len(s1160 := o.pod_id.encode())) < 8192 else _long(n1161)), s1160, (_P[n1163] if (n1163 := len(s1162 := o.from_node.encode())) < 8192 else _long(n1163)), s1162, (_b835(a1164) if (a1164 := o.from_gpus) else b"\x00"), (_P[n1166] if (n1166 := len(s1165 := o.to_node.encode())) < 8192 else _long(n1166)), s1165, (_b835(a1167) if (a1167 := o.to_gpus) else b"\x00"), (_P[n1169] if (n1169 := len(s1168 := o.reason.encode())) < 8192 else _long(n1169)), s1168, (_P[n1171] if (n1171 := len(s1170 := o.message.encode())) < 8192 else _long(n1171)), s1170,))
 
 
-def _e_PodRetryScheduled1174(o: _c_PodRetryScheduled) -> bytes:
-    return b"".join((_k1175, (_P[n1178] if (n1178 := len(s1177 := o.pod_id.encode())) < 8192 else _long(n1178)), s1177, (_P[n1179] if 0 <= (n1179 := o.attempt) < 8192 else _long(n1179)), (_P[n1180] if 0 <= (n1180 := o.not_before) < 8192 else _long(n1180)), (_k1185 if (u1181 := o.gang_id) is None else _u1182(u1181)),))
+def _u1178(v: Any) -> bytes:
+    return b"".join((_k1178, (_P[n1181] if (n1181 := len(s1180 := v.encode())) < 8192 else _long(n1181)), s1180,))
 
 
-def _u1192(v: Any) -> bytes:
-    return b"".join((_k1192, (_P[n1195] if (n1195 := len(s1194 := v.encode())) < 8192 else _long(n1195)), s1194,))
+def _e_DefragmentationPlanned1171(o: _c_DefragmentationPlanned) -> bytes:
+    return b"".join((_k1172, (_P[n1174] if 0 <= (n1174 := o.moves) < 8192 else _long(n1174)), (_P[n1175] if 0 <= (n1175 := o.gpus_freed) < 8192 else _long(n1175)), (_P[n1176] if 0 <= (n1176 := o.nodes_freed) < 8192 else _long(n1176)), (_k1181 if (u1177 := o.target) is None else _u1178(u1177)), (_P[n1184] if (n1184 := len(s1183 := o.message.encode())) < 8192 else _long(n1184)), s1183,))
 
 
-def _u1198(v: Any) -> bytes:
-    return b"".join((_k1198, (_P[n1201] if (n1201 := len(s1200 := v.encode())) < 8192 else _long(n1201)), s1200,))
+def _e_ClusterHalted1184(o: _c_ClusterHalted) -> bytes:
+    return b"".join((_k1185, (_P[n1188] if (n1188 := len(s1187 := o.cluster.encode())) < 8192 else _long(n1188)), s1187, (_P[n1190] if (n1190 := len(s1189 := o.command_id.encode())) < 8192 else _long(n1190)), s1189, (_P[n1192] if (n1192 := len(s1191 := o.error.encode())) < 8192 else _long(n1192)), s1191, (_P[n1194] if (n1194 := len(s1193 := o.message.encode())) < 8192 else _long(n1194)), s1193,))
 
 
-def _u1204(v: Any) -> bytes:
-    return b"".join((_k1204, (_b21(a1206) if (a1206 := v) else b"\x00"),))
+def _e_ClusterResumed1194(o: _c_ClusterResumed) -> bytes:
+    return b"".join((_k1195, (_P[n1198] if (n1198 := len(s1197 := o.cluster.encode())) < 8192 else _long(n1198)), s1197, (_P[n1200] if (n1200 := len(s1199 := o.halted_command_id.encode())) < 8192 else _long(n1200)), s1199, (_P[n1201] if 0 <= (n1201 := o.halted_offset) < 8192 else _long(n1201)), (_P[n1202] if 0 <= (n1202 := o.refolded_from) < 8192 else _long(n1202)), (_P[n1204] if (n1204 := len(s1203 := o.message.encode())) < 8192 else _long(n1204)), s1203,))
 
 
-def _e_DisruptionBudgetSet1186(o: _c_DisruptionBudgetSet) -> bytes:
-    return b"".join((_k1187, (_P[n1190] if (n1190 := len(s1189 := o.budget_id.encode())) < 8192 else _long(n1190)), s1189, (_k1195 if (u1191 := o.tenant) is None else _u1192(u1191)), (_k1201 if (u1197 := o.gang_id) is None else _u1198(u1197)), (_k1206 if (u1203 := o.label_selector) is None else _u1204(u1203)), (_P[n1208] if 0 <= (n1208 := o.max_unavailable) < 8192 else _long(n1208)),))
+def _e_NodeRecovered1204(o: _c_NodeRecovered) -> bytes:
+    return b"".join((_k1205, (_P[n1208] if (n1208 := len(s1207 := o.node_id.encode())) < 8192 else _long(n1208)), s1207,))
 
 
-def _e_DisruptionBudgetRemoved1208(o: _c_DisruptionBudgetRemoved) -> bytes:
-    return b"".join((_k1209, (_P[n1212] if (n1212 := len(s1211 := o.budget_id.encode())) < 8192 else _long(n1212)), s1211,))
+def _e_NodeUpdated1208(o: _c_NodeUpdated) -> bytes:
+    return b"".join((_k1209, (_P[n1212] if (n1212 := len(s1211 := o.node_id.encode())) < 8192 else _long(n1212)), s1211, (_b21(a1213) if (a1213 := o.labels) else b"\x00"), (_b27(a1214) if (a1214 := o.taints) else b"\x00"), (_P[n1215] if 0 <= (n1215 := o.evicting) < 8192 else _long(n1215)),))
 
 
-def _e_EvictionBlocked1212(o: _c_EvictionBlocked) -> bytes:
-    return b"".join((_k1213, (_P[n1216] if (n1216 := len(s1215 := o.pod_id.encode())) < 8192 else _long(n1216)), s1215, (_P[n1218] if (n1218 := len(s1217 := o.node_id.encode())) < 8192 else _long(n1218)), s1217, (_P[n1220] if (n1220 := len(s1219 := o.budget_id.encode())) < 8192 else _long(n1220)), s1219, (_P[n1221] if 0 <= (n1221 := o.grace_ms) < 8192 else _long(n1221)), (_P[n1223] if (n1223 := len(s1222 := o.reason.encode())) < 8192 else _long(n1223)), s1222,))
+def _u1223(v: Any) -> bytes:
+    return b"".join((_k1223, (_P[n1226] if (n1226 := len(s1225 := v.encode())) < 8192 else _long(n1226)), s1225,))
 
 
-def _e_PodEvictionScheduled1223(o: _c_PodEvictionScheduled) -> bytes:
-    return b"".join((_k1224, (_P[n1227] if (n1227 := len(s1226 := o.pod_id.encode())) < 8192 else _long(n1227)), s1226, (_P[n1229] if (n1229 := len(s1228 := o.node_id.encode())) < 8192 else _long(n1229)), s1228, (_P[n1230] if 0 <= (n1230 := o.at) < 8192 else _long(n1230)), (b"\x01" if o.respect_budgets else b"\x00"),))
+def _e_PodRetryScheduled1215(o: _c_PodRetryScheduled) -> bytes:
+    return b"".join((_k1216, (_P[n1219] if (n1219 := len(s1218 := o.pod_id.encode())) < 8192 else _long(n1219)), s1218, (_P[n1220] if 0 <= (n1220 := o.attempt) < 8192 else _long(n1220)), (_P[n1221] if 0 <= (n1221 := o.not_before) < 8192 else _long(n1221)), (_k1226 if (u1222 := o.gang_id) is None else _u1223(u1222)),))
 
 
-def _u1241(v: Any) -> bytes:
-    return b"".join((_k1241, (_P[n1244] if (n1244 := len(s1243 := v.encode())) < 8192 else _long(n1244)), s1243,))
+def _u1233(v: Any) -> bytes:
+    return b"".join((_k1233, (_P[n1236] if (n1236 := len(s1235 := v.encode())) < 8192 else _long(n1236)), s1235,))
 
 
-def _u1248(v: Any) -> bytes:
-    return b"".join((_k1248, (_P[n1250] if 0 <= (n1250 := v) < 8192 else _long(n1250)),))
+def _u1239(v: Any) -> bytes:
+    return b"".join((_k1239, (_P[n1242] if (n1242 := len(s1241 := v.encode())) < 8192 else _long(n1242)), s1241,))
 
 
-def _u1253(v: Any) -> bytes:
-    return b"".join((_k1253, (_P[n1255] if 0 <= (n1255 := v) < 8192 else _long(n1255)),))
+def _u1245(v: Any) -> bytes:
+    return b"".join((_k1245, (_b21(a1247) if (a1247 := v) else b"\x00"),))
 
 
-def _u1258(v: Any) -> bytes:
-    return b"".join((_k1258, (_P[n1260] if 0 <= (n1260 := v) < 8192 else _long(n1260)),))
+def _e_DisruptionBudgetSet1227(o: _c_DisruptionBudgetSet) -> bytes:
+    return b"".join((_k1228, (_P[n1231] if (n1231 := len(s1230 := o.budget_id.encode())) < 8192 else _long(n1231)), s1230, (_k1236 if (u1232 := o.tenant) is None else _u1233(u1232)), (_k1242 if (u1238 := o.gang_id) is None else _u1239(u1238)), (_k1247 if (u1244 := o.label_selector) is None else _u1245(u1244)), (_P[n1249] if 0 <= (n1249 := o.max_unavailable) < 8192 else _long(n1249)),))
 
 
-def _u1263(v: Any) -> bytes:
-    return b"".join((_k1263, (_P[n1265] if 0 <= (n1265 := v) < 8192 else _long(n1265)),))
+def _e_DisruptionBudgetRemoved1249(o: _c_DisruptionBudgetRemoved) -> bytes:
+    return b"".join((_k1250, (_P[n1253] if (n1253 := len(s1252 := o.budget_id.encode())) < 8192 else _long(n1253)), s1252,))
 
 
-def _e_CohortQuota1235(o: _c_CohortQuota) -> bytes:
-    return b"".join((_k1236, (_P[n1239] if (n1239 := len(s1238 := o.cohort.encode())) < 8192 else _long(n1239)), s1238, (_k1244 if (u1240 := o.parent) is None else _u1241(u1240)), (_b132(a1246) if (a1246 := o.nominal_gpus) else b"\x00"), (_k1250 if (u1247 := o.nominal_cpu_milli) is None else _u1248(u1247)), (_k1255 if (u1252 := o.nominal_memory_mib) is None else _u1253(u1252)), (_k1260 if (u1257 := o.borrowing_limit_gpus) is None else _u1258(u1257)), (_k1265 if (u1262 := o.lending_limit_gpus) is None else _u1263(u1262)),))
+def _e_EvictionBlocked1253(o: _c_EvictionBlocked) -> bytes:
+    return b"".join((_k1254, (_P[n1257] if (n1257 := len(s1256 := o.pod_id.encode())) < 8192 else _long(n1257)), s1256, (_P[n1259] if (n1259 := len(s1258 := o.node_id.encode())) < 8192 else _long(n1259)), s1258, (_P[n1261] if (n1261 := len(s1260 := o.budget_id.encode())) < 8192 else _long(n1261)), s1260, (_P[n1262] if 0 <= (n1262 := o.grace_ms) < 8192 else _long(n1262)), (_P[n1264] if (n1264 := len(s1263 := o.reason.encode())) < 8192 else _long(n1264)), s1263,))
 
 
-def _e_CohortChanged1230(o: _c_CohortChanged) -> bytes:
-    return b"".join((_k1231, (_P[n1234] if (n1234 := len(s1233 := o.cohort.encode())) < 8192 else _long(n1234)), s1233, (_k1267 if (u1235 := o.spec) is None else _k1266[type(u1235)](u1235)), (_k1270 if (u1269 := o.previous) is None else _k1269[type(u1269)](u1269)), (_P[n1273] if (n1273 := len(s1272 := o.message.encode())) < 8192 else _long(n1273)), s1272,))
+def _e_PodEvictionScheduled1264(o: _c_PodEvictionScheduled) -> bytes:
+    return b"".join((_k1265, (_P[n1268] if (n1268 := len(s1267 := o.pod_id.encode())) < 8192 else _long(n1268)), s1267, (_P[n1270] if (n1270 := len(s1269 := o.node_id.encode())) < 8192 else _long(n1270)), s1269, (_P[n1271] if 0 <= (n1271 := o.at) < 8192 else _long(n1271)), (b"\x01" if o.respect_budgets else b"\x00"),))
 
 
-def _e_Event668(o: _c_Event) -> bytes:
-    return b"".join((_k669, (_P[n671] if 0 <= (n671 := o.partition) < 8192 else _long(n671)), (_P[n672] if 0 <= (n672 := o.sequence) < 8192 else _long(n672)), (_P[n674] if (n674 := len(s673 := o.cluster.encode())) < 8192 else _long(n674)), s673, (_P[n676] if (n676 := len(s675 := o.command_id.encode())) < 8192 else _long(n676)), s675, (_P[n677] if 0 <= (n677 := o.command_offset) < 8192 else _long(n677)), (_P[n678] if 0 <= (n678 := o.occurred_at) < 8192 else _long(n678)), _k1273[type(u679 := o.payload)](u679),))
+def _u1282(v: Any) -> bytes:
+    return b"".join((_k1282, (_P[n1285] if (n1285 := len(s1284 := v.encode())) < 8192 else _long(n1285)), s1284,))
 
 
-def _d_NodeAdded1280(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
+def _u1289(v: Any) -> bytes:
+    return b"".join((_k1289, (_P[n1291] if 0 <= (n1291 := v) < 8192 else _long(n1291)),))
+
+
+def _u1294(v: Any) -> bytes:
+    return b"".join((_k1294, (_P[n1296] if 0 <= (n1296 := v) < 8192 else _long(n1296)),))
+
+
+def _u1299(v: Any) -> bytes:
+    return b"".join((_k1299, (_P[n1301] if 0 <= (n1301 := v) < 8192 else _long(n1301)),))
+
+
+def _u1304(v: Any) -> bytes:
+    return b"".join((_k1304, (_P[n1306] if 0 <= (n1306 := v) < 8192 else _long(n1306)),))
+
+
+def _e_CohortQuota1276(o: _c_CohortQuota) -> bytes:
+    return b"".join((_k1277, (_P[n1280] if (n1280 := len(s1279 := o.cohort.encode())) < 8192 else _long(n1280)), s1279, (_k1285 if (u1281 := o.parent) is None else _u1282(u1281)), (_b132(a1287) if (a1287 := o.nominal_gpus) else b"\x00"), (_k1291 if (u1288 := o.nominal_cpu_milli) is None else _u1289(u1288)), (_k1296 if (u1293 := o.nominal_memory_mib) is None else _u1294(u1293)), (_k1301 if (u1298 := o.borrowing_limit_gpus) is None else _u1299(u1298)), (_k1306 if (u1303 := o.lending_limit_gpus) is None else _u1304(u1303)),))
+
+
+def _e_CohortChanged1271(o: _c_CohortChanged) -> bytes:
+    return b"".join((_k1272, (_P[n1275] if (n1275 := len(s1274 := o.cohort.encode())) < 8192 else _long(n1275)), s1274, (_k1308 if (u1276 := o.spec) is None else _k1307[type(u1276)](u1276)), (_k1311 if (u1310 := o.previous) is None else _k1310[type(u1310)](u1310)), (_P[n1314] if (n1314 := len(s1313 := o.message.encode())) < 8192 else _long(n1314)), s1313,))
+
+
+def _e_Event689(o: _c_Event) -> bytes:
+    return b"".join((_k690, (_P[n692] if 0 <= (n692 := o.partition) < 8192 else _long(n692)), (_P[n693] if 0 <= (n693 := o.sequence) < 8192 else _long(n693)), (_P[n695] if (n695 := len(s694 := o.cluster.encode())) < 8192 else _long(n695)), s694, (_P[n697] if (n697 := len(s696 := o.command_id.encode())) < 8192 else _long(n697)), s696, (_P[n698] if 0 <= (n698 := o.command_offset) < 8192 else _long(n698)), (_P[n699] if 0 <= (n699 := o.occurred_at) < 8192 else _long(n699)), _k1314[type(u700 := o.payload)](u700),))
+
+
+def _d_NodeAdded1321(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]:
     f_node_id: str
     f_gpu_model: str
     f_gpu_count: int
@@ -4181,30 +4315,30 @@ def _d_NodeAdded1280(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_gpu_memory_mib: int
-    n1282 = _ZL[buf[pos]]
-    if n1282 < 0:
-        n1282, pos = _rlong(buf, pos)
-        if n1282 < 0:
-            raise _length_error(n1282, end - pos)
+    n1323 = _ZL[buf[pos]]
+    if n1323 < 0:
+        n1323, pos = _rlong(buf, pos)
+        if n1323 < 0:
+            raise _length_error(n1323, end - pos)
     else:
         pos += 1
-    q1283 = pos + n1282
-    if q1283 > end:
-        raise _length_error(n1282, end - pos)
-    f_node_id = buf[pos:q1283].decode()
-    pos = q1283
-    n1284 = _ZL[buf[pos]]
-    if n1284 < 0:
-        n1284, pos = _rlong(buf, pos)
-        if n1284 < 0:
-            raise _length_error(n1284, end - pos)
+    q1324 = pos + n1323
+    if q1324 > end:
+        raise _length_error(n1323, end - pos)
+    f_node_id = buf[pos:q1324].decode()
+    pos = q1324
+    n1325 = _ZL[buf[pos]]
+    if n1325 < 0:
+        n1325, pos = _rlong(buf, pos)
+        if n1325 < 0:
+            raise _length_error(n1325, end - pos)
     else:
         pos += 1
-    q1285 = pos + n1284
-    if q1285 > end:
-        raise _length_error(n1284, end - pos)
-    f_gpu_model = buf[pos:q1285].decode()
-    pos = q1285
+    q1326 = pos + n1325
+    if q1326 > end:
+        raise _length_error(n1325, end - pos)
+    f_gpu_model = buf[pos:q1326].decode()
+    pos = q1326
     b = buf[pos]
     if b < 128:
         f_gpu_count = _ZD[b]
@@ -4251,113 +4385,113 @@ def _d_NodeAdded1280(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
         pos += 1
         f_labels = {}
     else:
-        acc1286: dict[str, Any] = {}
+        acc1327: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1287 = _ZD[b]
+                c1328 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1287 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1287 = (z >> 1) ^ -(z & 1)
+                c1328 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1287, pos = _rlong(buf, pos)
-            if c1287 == 0:
+                c1328, pos = _rlong(buf, pos)
+            if c1328 == 0:
                 break
-            if c1287 < 0:
-                c1287 = -c1287
+            if c1328 < 0:
+                c1328 = -c1328
                 b = buf[pos]
                 if b < 128:
-                    z1290 = _ZD[b]
+                    z1331 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1290 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1290 = (z >> 1) ^ -(z & 1)
+                    z1331 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1290, pos = _rlong(buf, pos)
-            if c1287 * 2 > end - pos:
-                raise _count_error(c1287, end - pos)
-            for _ in range(c1287):
-                n1291 = _ZL[buf[pos]]
-                if n1291 < 0:
-                    n1291, pos = _rlong(buf, pos)
-                    if n1291 < 0:
-                        raise _length_error(n1291, end - pos)
+                    z1331, pos = _rlong(buf, pos)
+            if c1328 * 2 > end - pos:
+                raise _count_error(c1328, end - pos)
+            for _ in range(c1328):
+                n1332 = _ZL[buf[pos]]
+                if n1332 < 0:
+                    n1332, pos = _rlong(buf, pos)
+                    if n1332 < 0:
+                        raise _length_error(n1332, end - pos)
                 else:
                     pos += 1
-                q1292 = pos + n1291
-                if q1292 > end:
-                    raise _length_error(n1291, end - pos)
-                k1289 = buf[pos:q1292].decode()
-                pos = q1292
-                n1293 = _ZL[buf[pos]]
-                if n1293 < 0:
-                    n1293, pos = _rlong(buf, pos)
-                    if n1293 < 0:
-                        raise _length_error(n1293, end - pos)
+                q1333 = pos + n1332
+                if q1333 > end:
+                    raise _length_error(n1332, end - pos)
+                k1330 = buf[pos:q1333].decode()
+                pos = q1333
+                n1334 = _ZL[buf[pos]]
+                if n1334 < 0:
+                    n1334, pos = _rlong(buf, pos)
+                    if n1334 < 0:
+                        raise _length_error(n1334, end - pos)
                 else:
                     pos += 1
-                q1294 = pos + n1293
-                if q1294 > end:
-                    raise _length_error(n1293, end - pos)
-                x1288 = buf[pos:q1294].decode()
-                pos = q1294
-                acc1286[k1289] = x1288
-        f_labels = acc1286
+                q1335 = pos + n1334
+                if q1335 > end:
+                    raise _length_error(n1334, end - pos)
+                x1329 = buf[pos:q1335].decode()
+                pos = q1335
+                acc1327[k1330] = x1329
+        f_labels = acc1327
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1295: list[Any] = []
+        acc1336: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1296 = _ZD[b]
+                c1337 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1296 = (z >> 1) ^ -(z & 1)
+                c1337 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1296 = (z >> 1) ^ -(z & 1)
+                c1337 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1296, pos = _rlong(buf, pos)
-            if c1296 == 0:
+                c1337, pos = _rlong(buf, pos)
+            if c1337 == 0:
                 break
-            if c1296 < 0:
-                c1296 = -c1296
+            if c1337 < 0:
+                c1337 = -c1337
                 b = buf[pos]
                 if b < 128:
-                    z1299 = _ZD[b]
+                    z1340 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1299 = (z >> 1) ^ -(z & 1)
+                    z1340 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1299 = (z >> 1) ^ -(z & 1)
+                    z1340 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1299, pos = _rlong(buf, pos)
-            if c1296 * 3 > end - pos:
-                raise _count_error(c1296, end - pos)
-            for _ in range(c1296):
-                x1297, pos = _d_Taint402(buf, pos, end)
-                acc1295.append(x1297)
-        f_taints = tuple(acc1295)
+                    z1340, pos = _rlong(buf, pos)
+            if c1337 * 3 > end - pos:
+                raise _count_error(c1337, end - pos)
+            for _ in range(c1337):
+                x1338, pos = _d_Taint413(buf, pos, end)
+                acc1336.append(x1338)
+        f_taints = tuple(acc1336)
     b = buf[pos]
     if b < 128:
         f_gpu_memory_mib = _ZD[b]
@@ -4376,78 +4510,78 @@ def _d_NodeAdded1280(buf: bytes, pos: int, end: int) -> tuple[_c_NodeAdded, int]
     return o, pos
 
 
-def _d_NodeRemoved1299(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
+def _d_NodeRemoved1340(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRemoved, int]:
     f_node_id: str
     f_forced: bool
-    n1301 = _ZL[buf[pos]]
-    if n1301 < 0:
-        n1301, pos = _rlong(buf, pos)
-        if n1301 < 0:
-            raise _length_error(n1301, end - pos)
+    n1342 = _ZL[buf[pos]]
+    if n1342 < 0:
+        n1342, pos = _rlong(buf, pos)
+        if n1342 < 0:
+            raise _length_error(n1342, end - pos)
     else:
         pos += 1
-    q1302 = pos + n1301
-    if q1302 > end:
-        raise _length_error(n1301, end - pos)
-    f_node_id = buf[pos:q1302].decode()
-    pos = q1302
+    q1343 = pos + n1342
+    if q1343 > end:
+        raise _length_error(n1342, end - pos)
+    f_node_id = buf[pos:q1343].decode()
+    pos = q1343
     f_forced = buf[pos] != 0
     pos += 1
     o = _c_NodeRemoved(f_node_id, f_forced)
     return o, pos
 
 
-def _d_NodeCordoned1302(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
+def _d_NodeCordoned1343(buf: bytes, pos: int, end: int) -> tuple[_c_NodeCordoned, int]:
     f_node_id: str
-    n1304 = _ZL[buf[pos]]
-    if n1304 < 0:
-        n1304, pos = _rlong(buf, pos)
-        if n1304 < 0:
-            raise _length_error(n1304, end - pos)
+    n1345 = _ZL[buf[pos]]
+    if n1345 < 0:
+        n1345, pos = _rlong(buf, pos)
+        if n1345 < 0:
+            raise _length_error(n1345, end - pos)
     else:
         pos += 1
-    q1305 = pos + n1304
-    if q1305 > end:
-        raise _length_error(n1304, end - pos)
-    f_node_id = buf[pos:q1305].decode()
-    pos = q1305
+    q1346 = pos + n1345
+    if q1346 > end:
+        raise _length_error(n1345, end - pos)
+    f_node_id = buf[pos:q1346].decode()
+    pos = q1346
     o = _c_NodeCordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeUncordoned1305(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
+def _d_NodeUncordoned1346(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUncordoned, int]:
     f_node_id: str
-    n1307 = _ZL[buf[pos]]
-    if n1307 < 0:
-        n1307, pos = _rlong(buf, pos)
-        if n1307 < 0:
-            raise _length_error(n1307, end - pos)
+    n1348 = _ZL[buf[pos]]
+    if n1348 < 0:
+        n1348, pos = _rlong(buf, pos)
+        if n1348 < 0:
+            raise _length_error(n1348, end - pos)
     else:
         pos += 1
-    q1308 = pos + n1307
-    if q1308 > end:
-        raise _length_error(n1307, end - pos)
-    f_node_id = buf[pos:q1308].decode()
-    pos = q1308
+    q1349 = pos + n1348
+    if q1349 > end:
+        raise _length_error(n1348, end - pos)
+    f_node_id = buf[pos:q1349].decode()
+    pos = q1349
     o = _c_NodeUncordoned(f_node_id)
     return o, pos
 
 
-def _d_NodeDrained1308(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
+def _d_NodeDrained1349(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, int]:
     f_node_id: str
     f_evicted: int
-    n1310 = _ZL[buf[pos]]
-    if n1310 < 0:
-        n1310, pos = _rlong(buf, pos)
-        if n1310 < 0:
-            raise _length_error(n1310, end - pos)
+    n1351 = _ZL[buf[pos]]
+    if n1351 < 0:
+        n1351, pos = _rlong(buf, pos)
+        if n1351 < 0:
+            raise _length_error(n1351, end - pos)
     else:
         pos += 1
-    q1311 = pos + n1310
-    if q1311 > end:
-        raise _length_error(n1310, end - pos)
-    f_node_id = buf[pos:q1311].decode()
-    pos = q1311
+    q1352 = pos + n1351
+    if q1352 > end:
+        raise _length_error(n1351, end - pos)
+    f_node_id = buf[pos:q1352].decode()
+    pos = q1352
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4466,34 +4600,34 @@ def _d_NodeDrained1308(buf: bytes, pos: int, end: int) -> tuple[_c_NodeDrained, 
     return o, pos
 
 
-def _d_NodeFailed1311(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
+def _d_NodeFailed1352(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, int]:
     f_node_id: str
     f_reason: str
     f_evicted: int
-    n1313 = _ZL[buf[pos]]
-    if n1313 < 0:
-        n1313, pos = _rlong(buf, pos)
-        if n1313 < 0:
-            raise _length_error(n1313, end - pos)
+    n1354 = _ZL[buf[pos]]
+    if n1354 < 0:
+        n1354, pos = _rlong(buf, pos)
+        if n1354 < 0:
+            raise _length_error(n1354, end - pos)
     else:
         pos += 1
-    q1314 = pos + n1313
-    if q1314 > end:
-        raise _length_error(n1313, end - pos)
-    f_node_id = buf[pos:q1314].decode()
-    pos = q1314
-    n1315 = _ZL[buf[pos]]
-    if n1315 < 0:
-        n1315, pos = _rlong(buf, pos)
-        if n1315 < 0:
-            raise _length_error(n1315, end - pos)
+    q1355 = pos + n1354
+    if q1355 > end:
+        raise _length_error(n1354, end - pos)
+    f_node_id = buf[pos:q1355].decode()
+    pos = q1355
+    n1356 = _ZL[buf[pos]]
+    if n1356 < 0:
+        n1356, pos = _rlong(buf, pos)
+        if n1356 < 0:
+            raise _length_error(n1356, end - pos)
     else:
         pos += 1
-    q1316 = pos + n1315
-    if q1316 > end:
-        raise _length_error(n1315, end - pos)
-    f_reason = buf[pos:q1316].decode()
-    pos = q1316
+    q1357 = pos + n1356
+    if q1357 > end:
+        raise _length_error(n1356, end - pos)
+    f_reason = buf[pos:q1357].decode()
+    pos = q1357
     b = buf[pos]
     if b < 128:
         f_evicted = _ZD[b]
@@ -4512,7 +4646,7 @@ def _d_NodeFailed1311(buf: bytes, pos: int, end: int) -> tuple[_c_NodeFailed, in
     return o, pos
 
 
-def _d_PodSpec1317(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
+def _d_PodSpec1358(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_pod_id: str
     f_tenant: str
     f_priority: int
@@ -4534,30 +4668,31 @@ def _d_PodSpec1317(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
     f_gpu_memory_mib: int
     f_retry: Any
     f_preemptible: bool
-    n1319 = _ZL[buf[pos]]
-    if n1319 < 0:
-        n1319, pos = _rlong(buf, pos)
-        if n1319 < 0:
-            raise _length_error(n1319, end - pos)
+    f_role: Any
+    n1360 = _ZL[buf[pos]]
+    if n1360 < 0:
+        n1360, pos = _rlong(buf, pos)
+        if n1360 < 0:
+            raise _length_error(n1360, end - pos)
     else:
         pos += 1
-    q1320 = pos + n1319
-    if q1320 > end:
-        raise _length_error(n1319, end - pos)
-    f_pod_id = buf[pos:q1320].decode()
-    pos = q1320
-    n1321 = _ZL[buf[pos]]
-    if n1321 < 0:
-        n1321, pos = _rlong(buf, pos)
-        if n1321 < 0:
-            raise _length_error(n1321, end - pos)
+    q1361 = pos + n1360
+    if q1361 > end:
+        raise _length_error(n1360, end - pos)
+    f_pod_id = buf[pos:q1361].decode()
+    pos = q1361
+    n1362 = _ZL[buf[pos]]
+    if n1362 < 0:
+        n1362, pos = _rlong(buf, pos)
+        if n1362 < 0:
+            raise _length_error(n1362, end - pos)
     else:
         pos += 1
-    q1322 = pos + n1321
-    if q1322 > end:
-        raise _length_error(n1321, end - pos)
-    f_tenant = buf[pos:q1322].decode()
-    pos = q1322
+    q1363 = pos + n1362
+    if q1363 > end:
+        raise _length_error(n1362, end - pos)
+    f_tenant = buf[pos:q1363].decode()
+    pos = q1363
     b = buf[pos]
     if b < 128:
         f_priority = _ZD[b]
@@ -4632,597 +4767,127 @@ def _d_PodSpec1317(buf: bytes, pos: int, end: int) -> tuple[_c_PodSpec, int]:
         pos += 1
         f_gpu_models = ()
     else:
-        acc1323: list[Any] = []
+        acc1364: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1324 = _ZD[b]
+                c1365 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1324 = (z >> 1) ^ -(z & 1)
+                c1365 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1324 = (z >> 1) ^ -(z & 1)
+                c1365 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1324, pos = _rlong(buf, pos)
-            if c1324 == 0:
+                c1365, pos = _rlong(buf, pos)
+            if c1365 == 0:
                 break
-            if c1324 < 0:
-                c1324 = -c1324
+            if c1365 < 0:
+                c1365 = -c1365
                 b = buf[pos]
                 if b < 128:
-                    z1327 = _ZD[b]
+                    z1368 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1327 = (z >> 1) ^ -(z & 1)
+                    z1368 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1327 = (z >> 1) ^ -(z & 1)
+                    z1368 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1327, pos = _rlong(buf, pos)
-            if c1324 * 1 > end - pos:
-                raise _count_error(c1324, end - pos)
-            for _ in range(c1324):
-                n1328 = _ZL[buf[pos]]
-                if n1328 < 0:
-                    n1328, pos = _rlong(buf, pos)
-                    if n1328 < 0:
-                        raise _length_error(n1328, end - pos)
+                    z1368, pos = _rlong(buf, pos)
+            if c1365 * 1 > end - pos:
+                raise _count_error(c1365, end - pos)
+            for _ in range(c1365):
+                n1369 = _ZL[buf[pos]]
+                if n1369 < 0:
+                    n1369, pos = _rlong(buf, pos)
+                    if n1369 < 0:
+                        raise _length_error(n1369, end - pos)
                 else:
                     pos += 1
-                q1329 = pos + n1328
-                if q1329 > end:
-                    raise _length_error(n1328, end - pos)
-                x1325 = buf[pos:q1329].decode()
-                pos = q1329
-                acc1323.append(x1325)
-        f_gpu_models = tuple(acc1323)
+                q1370 = pos + n1369
+                if q1370 > end:
+                    raise _length_error(n1369, end - pos)
+                x1366 = buf[pos:q1370].decode()
+                pos = q1370
+                acc1364.append(x1366)
+        f_gpu_models = tuple(acc1364)
     if buf[pos] == 0:
         pos += 1
         f_node_selector = {}
     else:
-        acc1330: dict[str, Any] = {}
+        acc1371: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1331 = _ZD[b]
+                c1372 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1331 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1331 = (z >> 1) ^ -(z & 1)
+                c1372 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1331, pos = _rlong(buf, pos)
-            if c1331 == 0:
+                c1372, pos = _rlong(buf, pos)
+            if c1372 == 0:
                 break
-            if c1331 < 0:
-                c1331 = -c1331
+            if c1372 < 0:
+                c1372 = -c1372
                 b = buf[pos]
                 if b < 128:
-                    z1334 = _ZD[b]
+                    z1375 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1334 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1334 = (z >> 1) ^ -(z & 1)
+                    z1375 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1334, pos = _rlong(buf, pos)
-            if c1331 * 2 > end - pos:
-                raise _count_error(c1331, end - pos)
-            for _ in range(c1331):
-                n1335 = _ZL[buf[pos]]
-                if n1335 < 0:
-                    n1335, pos = _rlong(buf, pos)
-                    if n1335 < 0:
-                        raise _length_error(n1335, end - pos)
+                    z1375, pos = _rlong(buf, pos)
+            if c1372 * 2 > end - pos:
+                raise _count_error(c1372, end - pos)
+            for _ in range(c1372):
+                n1376 = _ZL[buf[pos]]
+                if n1376 < 0:
+                    n1376, pos = _rlong(buf, pos)
+                    if n1376 < 0:
+                        raise _length_error(n1376, end - pos)
                 else:
                     pos += 1
-                q1336 = pos + n1335
-                if q1336 > end:
-                    raise _length_error(n1335, end - pos)
-                k1333 = buf[pos:q1336].decode()
-                pos = q1336
-                n1337 = _ZL[buf[pos]]
-                if n1337 < 0:
-                    n1337, pos = _rlong(buf, pos)
-                    if n1337 < 0:
-                        raise _length_error(n1337, end - pos)
+                q1377 = pos + n1376
+                if q1377 > end:
+                    raise _length_error(n1376, end - pos)
+                k1374 = buf[pos:q1377].decode()
+                pos = q1377
+                n1378 = _ZL[buf[pos]]
+                if n1378 < 0:
+                    n1378, pos = _rlong(buf, pos)
+                    if n1378 < 0:
+                        raise _length_error(n1378, end - pos)
                 else:
                     pos += 1
-                q1338 = pos + n1337
-                if q1338 > end:
-                    raise _length_error(n1337, end - pos)
-                x1332 = buf[pos:q1338].decode()
-                pos = q1338
-                acc1330[k1333] = x1332
-        f_node_selector = acc1330
+                q1379 = pos + n1378
+                if q1379 > end:
+                    raise _length_error(n1378, end - pos)
+                x1373 = buf[pos:q1379].decode()
+                pos = q1379
+                acc1371[k1374] = x1373
+        f_node_selector = acc1371
     if buf[pos] == 0:
         pos += 1
         f_tolerations = ()
-    else:
-        acc1339: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1340 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1340 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1340 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1340, pos = _rlong(buf, pos)
-            if c1340 == 0:
-                break
-            if c1340 < 0:
-                c1340 = -c1340
-                b = buf[pos]
-                if b < 128:
-                    z1343 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1343 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1343 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1343, pos = _rlong(buf, pos)
-            if c1340 * 4 > end - pos:
-                raise _count_error(c1340, end - pos)
-            for _ in range(c1340):
-                x1341, pos = _d_Toleration452(buf, pos, end)
-                acc1339.append(x1341)
-        f_tolerations = tuple(acc1339)
-    b = buf[pos]
-    if b < 128:
-        f_submitted_at = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_submitted_at = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_submitted_at, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_arrival = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_arrival = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_arrival, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1344 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1344 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1344 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1344, pos = _rlong(buf, pos)
-    if i1344 == 0:
-        f_gang_id = None
-    elif i1344 == 1:
-        n1345 = _ZL[buf[pos]]
-        if n1345 < 0:
-            n1345, pos = _rlong(buf, pos)
-            if n1345 < 0:
-                raise _length_error(n1345, end - pos)
-        else:
-            pos += 1
-        q1346 = pos + n1345
-        if q1346 > end:
-            raise _length_error(n1345, end - pos)
-        f_gang_id = buf[pos:q1346].decode()
-        pos = q1346
-    else:
-        raise _union_error(i1344, 2)
-    b = buf[pos]
-    if b < 128:
-        i1347 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1347 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1347 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1347, pos = _rlong(buf, pos)
-    if i1347 == 0:
-        f_time_limit_ms = None
-    elif i1347 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1347, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1348: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1349 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1349 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1349 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1349, pos = _rlong(buf, pos)
-            if c1349 == 0:
-                break
-            if c1349 < 0:
-                c1349 = -c1349
-                b = buf[pos]
-                if b < 128:
-                    z1352 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1352 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1352 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1352, pos = _rlong(buf, pos)
-            if c1349 * 1 > end - pos:
-                raise _count_error(c1349, end - pos)
-            for _ in range(c1349):
-                n1353 = _ZL[buf[pos]]
-                if n1353 < 0:
-                    n1353, pos = _rlong(buf, pos)
-                    if n1353 < 0:
-                        raise _length_error(n1353, end - pos)
-                else:
-                    pos += 1
-                q1354 = pos + n1353
-                if q1354 > end:
-                    raise _length_error(n1353, end - pos)
-                x1350 = buf[pos:q1354].decode()
-                pos = q1354
-                acc1348.append(x1350)
-        f_depends_on = tuple(acc1348)
-    n1355 = _ZL[buf[pos]]
-    if n1355 < 0:
-        n1355, pos = _rlong(buf, pos)
-        if n1355 < 0:
-            raise _length_error(n1355, end - pos)
-    else:
-        pos += 1
-    q1356 = pos + n1355
-    if q1356 > end:
-        raise _length_error(n1355, end - pos)
-    f_dependency = buf[pos:q1356].decode()
-    pos = q1356
-    n1357 = _ZL[buf[pos]]
-    if n1357 < 0:
-        n1357, pos = _rlong(buf, pos)
-        if n1357 < 0:
-            raise _length_error(n1357, end - pos)
-    else:
-        pos += 1
-    q1358 = pos + n1357
-    if q1358 > end:
-        raise _length_error(n1357, end - pos)
-    f_preemption = buf[pos:q1358].decode()
-    pos = q1358
-    f_movable = buf[pos] != 0
-    pos += 1
-    b = buf[pos]
-    if b < 128:
-        f_gpu_memory_mib = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_gpu_memory_mib, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1359 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1359 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1359 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1359, pos = _rlong(buf, pos)
-    if i1359 == 0:
-        f_retry = None
-    elif i1359 == 1:
-        f_retry, pos = _d_Retry474(buf, pos, end)
-    else:
-        raise _union_error(i1359, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible)
-    return o, pos
-
-
-def _d_QueueReason1364(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
-    f_code: str
-    f_nodes: int
-    f_message: str
-    n1366 = _ZL[buf[pos]]
-    if n1366 < 0:
-        n1366, pos = _rlong(buf, pos)
-        if n1366 < 0:
-            raise _length_error(n1366, end - pos)
-    else:
-        pos += 1
-    q1367 = pos + n1366
-    if q1367 > end:
-        raise _length_error(n1366, end - pos)
-    f_code = buf[pos:q1367].decode()
-    pos = q1367
-    b = buf[pos]
-    if b < 128:
-        f_nodes = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_nodes = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_nodes, pos = _rlong(buf, pos)
-    n1368 = _ZL[buf[pos]]
-    if n1368 < 0:
-        n1368, pos = _rlong(buf, pos)
-        if n1368 < 0:
-            raise _length_error(n1368, end - pos)
-    else:
-        pos += 1
-    q1369 = pos + n1368
-    if q1369 > end:
-        raise _length_error(n1368, end - pos)
-    f_message = buf[pos:q1369].decode()
-    pos = q1369
-    o = _c_QueueReason(f_code, f_nodes, f_message)
-    return o, pos
-
-
-def _d_PodQueued1316(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
-    f_pod: _c_PodSpec
-    f_reasons: tuple[Any, ...]
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1317(buf, pos, end)
-    if buf[pos] == 0:
-        pos += 1
-        f_reasons = ()
-    else:
-        acc1360: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1361 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1361 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1361 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1361, pos = _rlong(buf, pos)
-            if c1361 == 0:
-                break
-            if c1361 < 0:
-                c1361 = -c1361
-                b = buf[pos]
-                if b < 128:
-                    z1364 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1364 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1364 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1364, pos = _rlong(buf, pos)
-            if c1361 * 3 > end - pos:
-                raise _count_error(c1361, end - pos)
-            for _ in range(c1361):
-                x1362, pos = _d_QueueReason1364(buf, pos, end)
-                acc1360.append(x1362)
-        f_reasons = tuple(acc1360)
-    f_requeued = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_waiting_for = ()
-    else:
-        acc1370: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1371 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1371 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1371 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1371, pos = _rlong(buf, pos)
-            if c1371 == 0:
-                break
-            if c1371 < 0:
-                c1371 = -c1371
-                b = buf[pos]
-                if b < 128:
-                    z1374 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1374 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1374 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1374, pos = _rlong(buf, pos)
-            if c1371 * 1 > end - pos:
-                raise _count_error(c1371, end - pos)
-            for _ in range(c1371):
-                n1375 = _ZL[buf[pos]]
-                if n1375 < 0:
-                    n1375, pos = _rlong(buf, pos)
-                    if n1375 < 0:
-                        raise _length_error(n1375, end - pos)
-                else:
-                    pos += 1
-                q1376 = pos + n1375
-                if q1376 > end:
-                    raise _length_error(n1375, end - pos)
-                x1372 = buf[pos:q1376].decode()
-                pos = q1376
-                acc1370.append(x1372)
-        f_waiting_for = tuple(acc1370)
-    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
-    return o, pos
-
-
-def _d_GpuShare1384(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
-    f_index: int
-    f_milli: int
-    b = buf[pos]
-    if b < 128:
-        f_index = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_index = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_index, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        f_milli = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_milli = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_milli, pos = _rlong(buf, pos)
-    o = _c_GpuShare(f_index, f_milli)
-    return o, pos
-
-
-def _d_PodScheduled1376(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
-    f_pod: _c_PodSpec
-    f_node_id: str
-    f_gpus: tuple[Any, ...]
-    f_policy: str
-    f_from_queue: bool
-    f_scores: dict[str, Any]
-    f_preempted: tuple[Any, ...]
-    f_pod, pos = _d_PodSpec1317(buf, pos, end)
-    n1378 = _ZL[buf[pos]]
-    if n1378 < 0:
-        n1378, pos = _rlong(buf, pos)
-        if n1378 < 0:
-            raise _length_error(n1378, end - pos)
-    else:
-        pos += 1
-    q1379 = pos + n1378
-    if q1379 > end:
-        raise _length_error(n1378, end - pos)
-    f_node_id = buf[pos:q1379].decode()
-    pos = q1379
-    if buf[pos] == 0:
-        pos += 1
-        f_gpus = ()
     else:
         acc1380: list[Any] = []
         while True:
@@ -5258,728 +4923,12 @@ def _d_PodScheduled1376(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled
                     pos += 3
                 else:
                     z1384, pos = _rlong(buf, pos)
-            if c1381 * 2 > end - pos:
+            if c1381 * 4 > end - pos:
                 raise _count_error(c1381, end - pos)
             for _ in range(c1381):
-                x1382, pos = _d_GpuShare1384(buf, pos, end)
+                x1382, pos = _d_Toleration463(buf, pos, end)
                 acc1380.append(x1382)
-        f_gpus = tuple(acc1380)
-    n1386 = _ZL[buf[pos]]
-    if n1386 < 0:
-        n1386, pos = _rlong(buf, pos)
-        if n1386 < 0:
-            raise _length_error(n1386, end - pos)
-    else:
-        pos += 1
-    q1387 = pos + n1386
-    if q1387 > end:
-        raise _length_error(n1386, end - pos)
-    f_policy = buf[pos:q1387].decode()
-    pos = q1387
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    if buf[pos] == 0:
-        pos += 1
-        f_scores = {}
-    else:
-        acc1388: dict[str, Any] = {}
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1389 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1389 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1389 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1389, pos = _rlong(buf, pos)
-            if c1389 == 0:
-                break
-            if c1389 < 0:
-                c1389 = -c1389
-                b = buf[pos]
-                if b < 128:
-                    z1392 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1392 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1392 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1392, pos = _rlong(buf, pos)
-            if c1389 * 9 > end - pos:
-                raise _count_error(c1389, end - pos)
-            for _ in range(c1389):
-                n1393 = _ZL[buf[pos]]
-                if n1393 < 0:
-                    n1393, pos = _rlong(buf, pos)
-                    if n1393 < 0:
-                        raise _length_error(n1393, end - pos)
-                else:
-                    pos += 1
-                q1394 = pos + n1393
-                if q1394 > end:
-                    raise _length_error(n1393, end - pos)
-                k1391 = buf[pos:q1394].decode()
-                pos = q1394
-                x1390, = _unpack_d(buf, pos)
-                pos += 8
-                acc1388[k1391] = x1390
-        f_scores = acc1388
-    if buf[pos] == 0:
-        pos += 1
-        f_preempted = ()
-    else:
-        acc1395: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1396 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1396 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1396 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1396, pos = _rlong(buf, pos)
-            if c1396 == 0:
-                break
-            if c1396 < 0:
-                c1396 = -c1396
-                b = buf[pos]
-                if b < 128:
-                    z1399 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1399 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1399 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1399, pos = _rlong(buf, pos)
-            if c1396 * 1 > end - pos:
-                raise _count_error(c1396, end - pos)
-            for _ in range(c1396):
-                n1400 = _ZL[buf[pos]]
-                if n1400 < 0:
-                    n1400, pos = _rlong(buf, pos)
-                    if n1400 < 0:
-                        raise _length_error(n1400, end - pos)
-                else:
-                    pos += 1
-                q1401 = pos + n1400
-                if q1401 > end:
-                    raise _length_error(n1400, end - pos)
-                x1397 = buf[pos:q1401].decode()
-                pos = q1401
-                acc1395.append(x1397)
-        f_preempted = tuple(acc1395)
-    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
-    return o, pos
-
-
-def _d_PodEvicted1401(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
-    f_pod_id: str
-    f_node_id: str
-    f_reason: str
-    n1403 = _ZL[buf[pos]]
-    if n1403 < 0:
-        n1403, pos = _rlong(buf, pos)
-        if n1403 < 0:
-            raise _length_error(n1403, end - pos)
-    else:
-        pos += 1
-    q1404 = pos + n1403
-    if q1404 > end:
-        raise _length_error(n1403, end - pos)
-    f_pod_id = buf[pos:q1404].decode()
-    pos = q1404
-    n1405 = _ZL[buf[pos]]
-    if n1405 < 0:
-        n1405, pos = _rlong(buf, pos)
-        if n1405 < 0:
-            raise _length_error(n1405, end - pos)
-    else:
-        pos += 1
-    q1406 = pos + n1405
-    if q1406 > end:
-        raise _length_error(n1405, end - pos)
-    f_node_id = buf[pos:q1406].decode()
-    pos = q1406
-    n1407 = _ZL[buf[pos]]
-    if n1407 < 0:
-        n1407, pos = _rlong(buf, pos)
-        if n1407 < 0:
-            raise _length_error(n1407, end - pos)
-    else:
-        pos += 1
-    q1408 = pos + n1407
-    if q1408 > end:
-        raise _length_error(n1407, end - pos)
-    f_reason = buf[pos:q1408].decode()
-    pos = q1408
-    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PodReleased1408(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
-    f_pod_id: str
-    f_node_id: Any
-    f_reason: str
-    n1410 = _ZL[buf[pos]]
-    if n1410 < 0:
-        n1410, pos = _rlong(buf, pos)
-        if n1410 < 0:
-            raise _length_error(n1410, end - pos)
-    else:
-        pos += 1
-    q1411 = pos + n1410
-    if q1411 > end:
-        raise _length_error(n1410, end - pos)
-    f_pod_id = buf[pos:q1411].decode()
-    pos = q1411
-    b = buf[pos]
-    if b < 128:
-        i1412 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1412 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1412 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1412, pos = _rlong(buf, pos)
-    if i1412 == 0:
-        f_node_id = None
-    elif i1412 == 1:
-        n1413 = _ZL[buf[pos]]
-        if n1413 < 0:
-            n1413, pos = _rlong(buf, pos)
-            if n1413 < 0:
-                raise _length_error(n1413, end - pos)
-        else:
-            pos += 1
-        q1414 = pos + n1413
-        if q1414 > end:
-            raise _length_error(n1413, end - pos)
-        f_node_id = buf[pos:q1414].decode()
-        pos = q1414
-    else:
-        raise _union_error(i1412, 2)
-    n1415 = _ZL[buf[pos]]
-    if n1415 < 0:
-        n1415, pos = _rlong(buf, pos)
-        if n1415 < 0:
-            raise _length_error(n1415, end - pos)
-    else:
-        pos += 1
-    q1416 = pos + n1415
-    if q1416 > end:
-        raise _length_error(n1415, end - pos)
-    f_reason = buf[pos:q1416].decode()
-    pos = q1416
-    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
-    return o, pos
-
-
-def _d_PolicyChanged1416(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
-    f_policy: str
-    f_previous: str
-    f_reserve_after_ms: Any
-    f_queue_order: str
-    f_max_clock_jump_ms: Any
-    n1418 = _ZL[buf[pos]]
-    if n1418 < 0:
-        n1418, pos = _rlong(buf, pos)
-        if n1418 < 0:
-            raise _length_error(n1418, end - pos)
-    else:
-        pos += 1
-    q1419 = pos + n1418
-    if q1419 > end:
-        raise _length_error(n1418, end - pos)
-    f_policy = buf[pos:q1419].decode()
-    pos = q1419
-    n1420 = _ZL[buf[pos]]
-    if n1420 < 0:
-        n1420, pos = _rlong(buf, pos)
-        if n1420 < 0:
-            raise _length_error(n1420, end - pos)
-    else:
-        pos += 1
-    q1421 = pos + n1420
-    if q1421 > end:
-        raise _length_error(n1420, end - pos)
-    f_previous = buf[pos:q1421].decode()
-    pos = q1421
-    b = buf[pos]
-    if b < 128:
-        i1422 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1422 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1422 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1422, pos = _rlong(buf, pos)
-    if i1422 == 0:
-        f_reserve_after_ms = None
-    elif i1422 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_reserve_after_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_reserve_after_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1422, 2)
-    n1423 = _ZL[buf[pos]]
-    if n1423 < 0:
-        n1423, pos = _rlong(buf, pos)
-        if n1423 < 0:
-            raise _length_error(n1423, end - pos)
-    else:
-        pos += 1
-    q1424 = pos + n1423
-    if q1424 > end:
-        raise _length_error(n1423, end - pos)
-    f_queue_order = buf[pos:q1424].decode()
-    pos = q1424
-    b = buf[pos]
-    if b < 128:
-        i1425 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1425 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1425 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1425, pos = _rlong(buf, pos)
-    if i1425 == 0:
-        f_max_clock_jump_ms = None
-    elif i1425 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_max_clock_jump_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_max_clock_jump_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1425, 2)
-    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
-    return o, pos
-
-
-def _d_CommandRejected1425(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
-    f_command_id: str
-    f_command_type: str
-    f_code: str
-    f_message: str
-    n1427 = _ZL[buf[pos]]
-    if n1427 < 0:
-        n1427, pos = _rlong(buf, pos)
-        if n1427 < 0:
-            raise _length_error(n1427, end - pos)
-    else:
-        pos += 1
-    q1428 = pos + n1427
-    if q1428 > end:
-        raise _length_error(n1427, end - pos)
-    f_command_id = buf[pos:q1428].decode()
-    pos = q1428
-    n1429 = _ZL[buf[pos]]
-    if n1429 < 0:
-        n1429, pos = _rlong(buf, pos)
-        if n1429 < 0:
-            raise _length_error(n1429, end - pos)
-    else:
-        pos += 1
-    q1430 = pos + n1429
-    if q1430 > end:
-        raise _length_error(n1429, end - pos)
-    f_command_type = buf[pos:q1430].decode()
-    pos = q1430
-    n1431 = _ZL[buf[pos]]
-    if n1431 < 0:
-        n1431, pos = _rlong(buf, pos)
-        if n1431 < 0:
-            raise _length_error(n1431, end - pos)
-    else:
-        pos += 1
-    q1432 = pos + n1431
-    if q1432 > end:
-        raise _length_error(n1431, end - pos)
-    f_code = buf[pos:q1432].decode()
-    pos = q1432
-    n1433 = _ZL[buf[pos]]
-    if n1433 < 0:
-        n1433, pos = _rlong(buf, pos)
-        if n1433 < 0:
-            raise _length_error(n1433, end - pos)
-    else:
-        pos += 1
-    q1434 = pos + n1433
-    if q1434 > end:
-        raise _length_error(n1433, end - pos)
-    f_message = buf[pos:q1434].decode()
-    pos = q1434
-    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
-    return o, pos
-
-
-def _d_GangSpec1442(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
-    f_gang_id: str
-    f_tenant: str
-    f_priority: int
-    f_members: tuple[Any, ...]
-    f_min_members: int
-    f_topology_required: Any
-    f_topology_preferred: Any
-    f_timeout_ms: Any
-    f_time_limit_ms: Any
-    f_depends_on: tuple[Any, ...]
-    f_dependency: str
-    f_submitted_at: int
-    f_arrival: int
-    f_preemption: str
-    f_retry: Any
-    f_queued_at: Any
-    f_preemptible: bool
-    f_disruption: str
-    n1444 = _ZL[buf[pos]]
-    if n1444 < 0:
-        n1444, pos = _rlong(buf, pos)
-        if n1444 < 0:
-            raise _length_error(n1444, end - pos)
-    else:
-        pos += 1
-    q1445 = pos + n1444
-    if q1445 > end:
-        raise _length_error(n1444, end - pos)
-    f_gang_id = buf[pos:q1445].decode()
-    pos = q1445
-    n1446 = _ZL[buf[pos]]
-    if n1446 < 0:
-        n1446, pos = _rlong(buf, pos)
-        if n1446 < 0:
-            raise _length_error(n1446, end - pos)
-    else:
-        pos += 1
-    q1447 = pos + n1446
-    if q1447 > end:
-        raise _length_error(n1446, end - pos)
-    f_tenant = buf[pos:q1447].decode()
-    pos = q1447
-    b = buf[pos]
-    if b < 128:
-        f_priority = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_priority = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_priority, pos = _rlong(buf, pos)
-    if buf[pos] == 0:
-        pos += 1
-        f_members = ()
-    else:
-        acc1448: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1449 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1449 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1449 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1449, pos = _rlong(buf, pos)
-            if c1449 == 0:
-                break
-            if c1449 < 0:
-                c1449 = -c1449
-                b = buf[pos]
-                if b < 128:
-                    z1452 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1452 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1452 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1452, pos = _rlong(buf, pos)
-            if c1449 * 21 > end - pos:
-                raise _count_error(c1449, end - pos)
-            for _ in range(c1449):
-                x1450, pos = _d_PodSpec1317(buf, pos, end)
-                acc1448.append(x1450)
-        f_members = tuple(acc1448)
-    b = buf[pos]
-    if b < 128:
-        f_min_members = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        f_min_members = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        f_min_members, pos = _rlong(buf, pos)
-    b = buf[pos]
-    if b < 128:
-        i1453 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1453 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1453 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1453, pos = _rlong(buf, pos)
-    if i1453 == 0:
-        f_topology_required = None
-    elif i1453 == 1:
-        n1454 = _ZL[buf[pos]]
-        if n1454 < 0:
-            n1454, pos = _rlong(buf, pos)
-            if n1454 < 0:
-                raise _length_error(n1454, end - pos)
-        else:
-            pos += 1
-        q1455 = pos + n1454
-        if q1455 > end:
-            raise _length_error(n1454, end - pos)
-        f_topology_required = buf[pos:q1455].decode()
-        pos = q1455
-    else:
-        raise _union_error(i1453, 2)
-    b = buf[pos]
-    if b < 128:
-        i1456 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1456 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1456 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1456, pos = _rlong(buf, pos)
-    if i1456 == 0:
-        f_topology_preferred = None
-    elif i1456 == 1:
-        n1457 = _ZL[buf[pos]]
-        if n1457 < 0:
-            n1457, pos = _rlong(buf, pos)
-            if n1457 < 0:
-                raise _length_error(n1457, end - pos)
-        else:
-            pos += 1
-        q1458 = pos + n1457
-        if q1458 > end:
-            raise _length_error(n1457, end - pos)
-        f_topology_preferred = buf[pos:q1458].decode()
-        pos = q1458
-    else:
-        raise _union_error(i1456, 2)
-    b = buf[pos]
-    if b < 128:
-        i1459 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1459 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1459 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1459, pos = _rlong(buf, pos)
-    if i1459 == 0:
-        f_timeout_ms = None
-    elif i1459 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_timeout_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_timeout_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_timeout_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1459, 2)
-    b = buf[pos]
-    if b < 128:
-        i1460 = _ZD[b]
-        pos += 1
-    elif (c := buf[pos + 1]) < 128:
-        z = (b & 127) | (c << 7)
-        i1460 = (z >> 1) ^ -(z & 1)
-        pos += 2
-    elif (d := buf[pos + 2]) < 128:
-        z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1460 = (z >> 1) ^ -(z & 1)
-        pos += 3
-    else:
-        i1460, pos = _rlong(buf, pos)
-    if i1460 == 0:
-        f_time_limit_ms = None
-    elif i1460 == 1:
-        b = buf[pos]
-        if b < 128:
-            f_time_limit_ms = _ZD[b]
-            pos += 1
-        elif (c := buf[pos + 1]) < 128:
-            z = (b & 127) | (c << 7)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 2
-        elif (d := buf[pos + 2]) < 128:
-            z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_time_limit_ms = (z >> 1) ^ -(z & 1)
-            pos += 3
-        else:
-            f_time_limit_ms, pos = _rlong(buf, pos)
-    else:
-        raise _union_error(i1460, 2)
-    if buf[pos] == 0:
-        pos += 1
-        f_depends_on = ()
-    else:
-        acc1461: list[Any] = []
-        while True:
-            b = buf[pos]
-            if b < 128:
-                c1462 = _ZD[b]
-                pos += 1
-            elif (c := buf[pos + 1]) < 128:
-                z = (b & 127) | (c << 7)
-                c1462 = (z >> 1) ^ -(z & 1)
-                pos += 2
-            elif (d := buf[pos + 2]) < 128:
-                z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1462 = (z >> 1) ^ -(z & 1)
-                pos += 3
-            else:
-                c1462, pos = _rlong(buf, pos)
-            if c1462 == 0:
-                break
-            if c1462 < 0:
-                c1462 = -c1462
-                b = buf[pos]
-                if b < 128:
-                    z1465 = _ZD[b]
-                    pos += 1
-                elif (c := buf[pos + 1]) < 128:
-                    z = (b & 127) | (c << 7)
-                    z1465 = (z >> 1) ^ -(z & 1)
-                    pos += 2
-                elif (d := buf[pos + 2]) < 128:
-                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1465 = (z >> 1) ^ -(z & 1)
-                    pos += 3
-                else:
-                    z1465, pos = _rlong(buf, pos)
-            if c1462 * 1 > end - pos:
-                raise _count_error(c1462, end - pos)
-            for _ in range(c1462):
-                n1466 = _ZL[buf[pos]]
-                if n1466 < 0:
-                    n1466, pos = _rlong(buf, pos)
-                    if n1466 < 0:
-                        raise _length_error(n1466, end - pos)
-                else:
-                    pos += 1
-                q1467 = pos + n1466
-                if q1467 > end:
-                    raise _length_error(n1466, end - pos)
-                x1463 = buf[pos:q1467].decode()
-                pos = q1467
-                acc1461.append(x1463)
-        f_depends_on = tuple(acc1461)
-    n1468 = _ZL[buf[pos]]
-    if n1468 < 0:
-        n1468, pos = _rlong(buf, pos)
-        if n1468 < 0:
-            raise _length_error(n1468, end - pos)
-    else:
-        pos += 1
-    q1469 = pos + n1468
-    if q1469 > end:
-        raise _length_error(n1468, end - pos)
-    f_dependency = buf[pos:q1469].decode()
-    pos = q1469
+        f_tolerations = tuple(acc1380)
     b = buf[pos]
     if b < 128:
         f_submitted_at = _ZD[b]
@@ -6008,386 +4957,1096 @@ def _d_GangSpec1442(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
         pos += 3
     else:
         f_arrival, pos = _rlong(buf, pos)
-    n1470 = _ZL[buf[pos]]
-    if n1470 < 0:
-        n1470, pos = _rlong(buf, pos)
-        if n1470 < 0:
-            raise _length_error(n1470, end - pos)
-    else:
-        pos += 1
-    q1471 = pos + n1470
-    if q1471 > end:
-        raise _length_error(n1470, end - pos)
-    f_preemption = buf[pos:q1471].decode()
-    pos = q1471
     b = buf[pos]
     if b < 128:
-        i1472 = _ZD[b]
+        i1385 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1472 = (z >> 1) ^ -(z & 1)
+        i1385 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1472 = (z >> 1) ^ -(z & 1)
+        i1385 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1472, pos = _rlong(buf, pos)
-    if i1472 == 0:
-        f_retry = None
-    elif i1472 == 1:
-        f_retry, pos = _d_Retry474(buf, pos, end)
+        i1385, pos = _rlong(buf, pos)
+    if i1385 == 0:
+        f_gang_id = None
+    elif i1385 == 1:
+        n1386 = _ZL[buf[pos]]
+        if n1386 < 0:
+            n1386, pos = _rlong(buf, pos)
+            if n1386 < 0:
+                raise _length_error(n1386, end - pos)
+        else:
+            pos += 1
+        q1387 = pos + n1386
+        if q1387 > end:
+            raise _length_error(n1386, end - pos)
+        f_gang_id = buf[pos:q1387].decode()
+        pos = q1387
     else:
-        raise _union_error(i1472, 2)
+        raise _union_error(i1385, 2)
     b = buf[pos]
     if b < 128:
-        i1473 = _ZD[b]
+        i1388 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1473 = (z >> 1) ^ -(z & 1)
+        i1388 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1473 = (z >> 1) ^ -(z & 1)
+        i1388 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1473, pos = _rlong(buf, pos)
-    if i1473 == 0:
-        f_queued_at = None
-    elif i1473 == 1:
+        i1388, pos = _rlong(buf, pos)
+    if i1388 == 0:
+        f_time_limit_ms = None
+    elif i1388 == 1:
         b = buf[pos]
         if b < 128:
-            f_queued_at = _ZD[b]
+            f_time_limit_ms = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            f_queued_at = (z >> 1) ^ -(z & 1)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            f_queued_at = (z >> 1) ^ -(z & 1)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            f_queued_at, pos = _rlong(buf, pos)
+            f_time_limit_ms, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1473, 2)
-    f_preemptible = buf[pos] != 0
-    pos += 1
-    n1474 = _ZL[buf[pos]]
-    if n1474 < 0:
-        n1474, pos = _rlong(buf, pos)
-        if n1474 < 0:
-            raise _length_error(n1474, end - pos)
+        raise _union_error(i1388, 2)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1389: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1390 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1390 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1390 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1390, pos = _rlong(buf, pos)
+            if c1390 == 0:
+                break
+            if c1390 < 0:
+                c1390 = -c1390
+                b = buf[pos]
+                if b < 128:
+                    z1393 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1393 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1393 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1393, pos = _rlong(buf, pos)
+            if c1390 * 1 > end - pos:
+                raise _count_error(c1390, end - pos)
+            for _ in range(c1390):
+                n1394 = _ZL[buf[pos]]
+                if n1394 < 0:
+                    n1394, pos = _rlong(buf, pos)
+                    if n1394 < 0:
+                        raise _length_error(n1394, end - pos)
+                else:
+                    pos += 1
+                q1395 = pos + n1394
+                if q1395 > end:
+                    raise _length_error(n1394, end - pos)
+                x1391 = buf[pos:q1395].decode()
+                pos = q1395
+                acc1389.append(x1391)
+        f_depends_on = tuple(acc1389)
+    n1396 = _ZL[buf[pos]]
+    if n1396 < 0:
+        n1396, pos = _rlong(buf, pos)
+        if n1396 < 0:
+            raise _length_error(n1396, end - pos)
     else:
         pos += 1
-    q1475 = pos + n1474
-    if q1475 > end:
-        raise _length_error(n1474, end - pos)
-    f_disruption = buf[pos:q1475].decode()
-    pos = q1475
-    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption)
+    q1397 = pos + n1396
+    if q1397 > end:
+        raise _length_error(n1396, end - pos)
+    f_dependency = buf[pos:q1397].decode()
+    pos = q1397
+    n1398 = _ZL[buf[pos]]
+    if n1398 < 0:
+        n1398, pos = _rlong(buf, pos)
+        if n1398 < 0:
+            raise _length_error(n1398, end - pos)
+    else:
+        pos += 1
+    q1399 = pos + n1398
+    if q1399 > end:
+        raise _length_error(n1398, end - pos)
+    f_preemption = buf[pos:q1399].decode()
+    pos = q1399
+    f_movable = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        f_gpu_memory_mib = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_gpu_memory_mib = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_gpu_memory_mib, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1400 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1400 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1400 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1400, pos = _rlong(buf, pos)
+    if i1400 == 0:
+        f_retry = None
+    elif i1400 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
+    else:
+        raise _union_error(i1400, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    b = buf[pos]
+    if b < 128:
+        i1401 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1401 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1401 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1401, pos = _rlong(buf, pos)
+    if i1401 == 0:
+        f_role = None
+    elif i1401 == 1:
+        n1402 = _ZL[buf[pos]]
+        if n1402 < 0:
+            n1402, pos = _rlong(buf, pos)
+            if n1402 < 0:
+                raise _length_error(n1402, end - pos)
+        else:
+            pos += 1
+        q1403 = pos + n1402
+        if q1403 > end:
+            raise _length_error(n1402, end - pos)
+        f_role = buf[pos:q1403].decode()
+        pos = q1403
+    else:
+        raise _union_error(i1401, 2)
+    o = _c_PodSpec(f_pod_id, f_tenant, f_priority, f_num_gpu, f_gpu_milli, f_cpu_milli, f_memory_mib, f_gpu_models, f_node_selector, f_tolerations, f_submitted_at, f_arrival, f_gang_id, f_time_limit_ms, f_depends_on, f_dependency, f_preemption, f_movable, f_gpu_memory_mib, f_retry, f_preemptible, f_role)
     return o, pos
 
 
-def _d_GangQueued1434(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
-    f_gang_id: str
-    f_reasons: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_requeued: bool
-    f_waiting_for: tuple[Any, ...]
-    n1436 = _ZL[buf[pos]]
-    if n1436 < 0:
-        n1436, pos = _rlong(buf, pos)
-        if n1436 < 0:
-            raise _length_error(n1436, end - pos)
+def _d_QueueReason1408(buf: bytes, pos: int, end: int) -> tuple[_c_QueueReason, int]:
+    f_code: str
+    f_nodes: int
+    f_message: str
+    n1410 = _ZL[buf[pos]]
+    if n1410 < 0:
+        n1410, pos = _rlong(buf, pos)
+        if n1410 < 0:
+            raise _length_error(n1410, end - pos)
     else:
         pos += 1
-    q1437 = pos + n1436
-    if q1437 > end:
-        raise _length_error(n1436, end - pos)
-    f_gang_id = buf[pos:q1437].decode()
-    pos = q1437
+    q1411 = pos + n1410
+    if q1411 > end:
+        raise _length_error(n1410, end - pos)
+    f_code = buf[pos:q1411].decode()
+    pos = q1411
+    b = buf[pos]
+    if b < 128:
+        f_nodes = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_nodes = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_nodes, pos = _rlong(buf, pos)
+    n1412 = _ZL[buf[pos]]
+    if n1412 < 0:
+        n1412, pos = _rlong(buf, pos)
+        if n1412 < 0:
+            raise _length_error(n1412, end - pos)
+    else:
+        pos += 1
+    q1413 = pos + n1412
+    if q1413 > end:
+        raise _length_error(n1412, end - pos)
+    f_message = buf[pos:q1413].decode()
+    pos = q1413
+    o = _c_QueueReason(f_code, f_nodes, f_message)
+    return o, pos
+
+
+def _d_PodQueued1357(buf: bytes, pos: int, end: int) -> tuple[_c_PodQueued, int]:
+    f_pod: _c_PodSpec
+    f_reasons: tuple[Any, ...]
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1358(buf, pos, end)
     if buf[pos] == 0:
         pos += 1
         f_reasons = ()
     else:
-        acc1438: list[Any] = []
+        acc1404: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1439 = _ZD[b]
+                c1405 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1439 = (z >> 1) ^ -(z & 1)
+                c1405 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1439 = (z >> 1) ^ -(z & 1)
+                c1405 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1439, pos = _rlong(buf, pos)
-            if c1439 == 0:
+                c1405, pos = _rlong(buf, pos)
+            if c1405 == 0:
                 break
-            if c1439 < 0:
-                c1439 = -c1439
+            if c1405 < 0:
+                c1405 = -c1405
                 b = buf[pos]
                 if b < 128:
-                    z1442 = _ZD[b]
+                    z1408 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1442 = (z >> 1) ^ -(z & 1)
+                    z1408 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1442 = (z >> 1) ^ -(z & 1)
+                    z1408 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1442, pos = _rlong(buf, pos)
-            if c1439 * 3 > end - pos:
-                raise _count_error(c1439, end - pos)
-            for _ in range(c1439):
-                x1440, pos = _d_QueueReason1364(buf, pos, end)
-                acc1438.append(x1440)
-        f_reasons = tuple(acc1438)
-    f_gang, pos = _d_GangSpec1442(buf, pos, end)
+                    z1408, pos = _rlong(buf, pos)
+            if c1405 * 3 > end - pos:
+                raise _count_error(c1405, end - pos)
+            for _ in range(c1405):
+                x1406, pos = _d_QueueReason1408(buf, pos, end)
+                acc1404.append(x1406)
+        f_reasons = tuple(acc1404)
     f_requeued = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_waiting_for = ()
     else:
-        acc1476: list[Any] = []
+        acc1414: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1477 = _ZD[b]
+                c1415 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1477 = (z >> 1) ^ -(z & 1)
+                c1415 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1477 = (z >> 1) ^ -(z & 1)
+                c1415 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1477, pos = _rlong(buf, pos)
-            if c1477 == 0:
+                c1415, pos = _rlong(buf, pos)
+            if c1415 == 0:
                 break
-            if c1477 < 0:
-                c1477 = -c1477
+            if c1415 < 0:
+                c1415 = -c1415
                 b = buf[pos]
                 if b < 128:
-                    z1480 = _ZD[b]
+                    z1418 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1480 = (z >> 1) ^ -(z & 1)
+                    z1418 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1480 = (z >> 1) ^ -(z & 1)
+                    z1418 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1480, pos = _rlong(buf, pos)
-            if c1477 * 1 > end - pos:
-                raise _count_error(c1477, end - pos)
-            for _ in range(c1477):
-                n1481 = _ZL[buf[pos]]
-                if n1481 < 0:
-                    n1481, pos = _rlong(buf, pos)
-                    if n1481 < 0:
-                        raise _length_error(n1481, end - pos)
+                    z1418, pos = _rlong(buf, pos)
+            if c1415 * 1 > end - pos:
+                raise _count_error(c1415, end - pos)
+            for _ in range(c1415):
+                n1419 = _ZL[buf[pos]]
+                if n1419 < 0:
+                    n1419, pos = _rlong(buf, pos)
+                    if n1419 < 0:
+                        raise _length_error(n1419, end - pos)
                 else:
                     pos += 1
-                q1482 = pos + n1481
-                if q1482 > end:
-                    raise _length_error(n1481, end - pos)
-                x1478 = buf[pos:q1482].decode()
-                pos = q1482
-                acc1476.append(x1478)
-        f_waiting_for = tuple(acc1476)
-    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+                q1420 = pos + n1419
+                if q1420 > end:
+                    raise _length_error(n1419, end - pos)
+                x1416 = buf[pos:q1420].decode()
+                pos = q1420
+                acc1414.append(x1416)
+        f_waiting_for = tuple(acc1414)
+    o = _c_PodQueued(f_pod, f_reasons, f_requeued, f_waiting_for)
     return o, pos
 
 
-def _d_MemberPlacement1490(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
-    f_pod_id: str
+def _d_GpuShare1428(buf: bytes, pos: int, end: int) -> tuple[_c_GpuShare, int]:
+    f_index: int
+    f_milli: int
+    b = buf[pos]
+    if b < 128:
+        f_index = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_index = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_index, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_milli = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_milli = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_milli, pos = _rlong(buf, pos)
+    o = _c_GpuShare(f_index, f_milli)
+    return o, pos
+
+
+def _d_PodScheduled1420(buf: bytes, pos: int, end: int) -> tuple[_c_PodScheduled, int]:
+    f_pod: _c_PodSpec
     f_node_id: str
     f_gpus: tuple[Any, ...]
-    n1492 = _ZL[buf[pos]]
-    if n1492 < 0:
-        n1492, pos = _rlong(buf, pos)
-        if n1492 < 0:
-            raise _length_error(n1492, end - pos)
+    f_policy: str
+    f_from_queue: bool
+    f_scores: dict[str, Any]
+    f_preempted: tuple[Any, ...]
+    f_pod, pos = _d_PodSpec1358(buf, pos, end)
+    n1422 = _ZL[buf[pos]]
+    if n1422 < 0:
+        n1422, pos = _rlong(buf, pos)
+        if n1422 < 0:
+            raise _length_error(n1422, end - pos)
     else:
         pos += 1
-    q1493 = pos + n1492
-    if q1493 > end:
-        raise _length_error(n1492, end - pos)
-    f_pod_id = buf[pos:q1493].decode()
-    pos = q1493
-    n1494 = _ZL[buf[pos]]
-    if n1494 < 0:
-        n1494, pos = _rlong(buf, pos)
-        if n1494 < 0:
-            raise _length_error(n1494, end - pos)
-    else:
-        pos += 1
-    q1495 = pos + n1494
-    if q1495 > end:
-        raise _length_error(n1494, end - pos)
-    f_node_id = buf[pos:q1495].decode()
-    pos = q1495
+    q1423 = pos + n1422
+    if q1423 > end:
+        raise _length_error(n1422, end - pos)
+    f_node_id = buf[pos:q1423].decode()
+    pos = q1423
     if buf[pos] == 0:
         pos += 1
         f_gpus = ()
     else:
-        acc1496: list[Any] = []
+        acc1424: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1497 = _ZD[b]
+                c1425 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1497 = (z >> 1) ^ -(z & 1)
+                c1425 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1497 = (z >> 1) ^ -(z & 1)
+                c1425 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1497, pos = _rlong(buf, pos)
-            if c1497 == 0:
+                c1425, pos = _rlong(buf, pos)
+            if c1425 == 0:
                 break
-            if c1497 < 0:
-                c1497 = -c1497
+            if c1425 < 0:
+                c1425 = -c1425
                 b = buf[pos]
                 if b < 128:
-                    z1500 = _ZD[b]
+                    z1428 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1500 = (z >> 1) ^ -(z & 1)
+                    z1428 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1500 = (z >> 1) ^ -(z & 1)
+                    z1428 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1500, pos = _rlong(buf, pos)
-            if c1497 * 2 > end - pos:
-                raise _count_error(c1497, end - pos)
-            for _ in range(c1497):
-                x1498, pos = _d_GpuShare1384(buf, pos, end)
-                acc1496.append(x1498)
-        f_gpus = tuple(acc1496)
-    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+                    z1428, pos = _rlong(buf, pos)
+            if c1425 * 2 > end - pos:
+                raise _count_error(c1425, end - pos)
+            for _ in range(c1425):
+                x1426, pos = _d_GpuShare1428(buf, pos, end)
+                acc1424.append(x1426)
+        f_gpus = tuple(acc1424)
+    n1430 = _ZL[buf[pos]]
+    if n1430 < 0:
+        n1430, pos = _rlong(buf, pos)
+        if n1430 < 0:
+            raise _length_error(n1430, end - pos)
+    else:
+        pos += 1
+    q1431 = pos + n1430
+    if q1431 > end:
+        raise _length_error(n1430, end - pos)
+    f_policy = buf[pos:q1431].decode()
+    pos = q1431
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_scores = {}
+    else:
+        acc1432: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1433 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1433 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1433 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1433, pos = _rlong(buf, pos)
+            if c1433 == 0:
+                break
+            if c1433 < 0:
+                c1433 = -c1433
+                b = buf[pos]
+                if b < 128:
+                    z1436 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1436 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1436 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1436, pos = _rlong(buf, pos)
+            if c1433 * 9 > end - pos:
+                raise _count_error(c1433, end - pos)
+            for _ in range(c1433):
+                n1437 = _ZL[buf[pos]]
+                if n1437 < 0:
+                    n1437, pos = _rlong(buf, pos)
+                    if n1437 < 0:
+                        raise _length_error(n1437, end - pos)
+                else:
+                    pos += 1
+                q1438 = pos + n1437
+                if q1438 > end:
+                    raise _length_error(n1437, end - pos)
+                k1435 = buf[pos:q1438].decode()
+                pos = q1438
+                x1434, = _unpack_d(buf, pos)
+                pos += 8
+                acc1432[k1435] = x1434
+        f_scores = acc1432
+    if buf[pos] == 0:
+        pos += 1
+        f_preempted = ()
+    else:
+        acc1439: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1440 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1440 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1440 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1440, pos = _rlong(buf, pos)
+            if c1440 == 0:
+                break
+            if c1440 < 0:
+                c1440 = -c1440
+                b = buf[pos]
+                if b < 128:
+                    z1443 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1443 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1443 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1443, pos = _rlong(buf, pos)
+            if c1440 * 1 > end - pos:
+                raise _count_error(c1440, end - pos)
+            for _ in range(c1440):
+                n1444 = _ZL[buf[pos]]
+                if n1444 < 0:
+                    n1444, pos = _rlong(buf, pos)
+                    if n1444 < 0:
+                        raise _length_error(n1444, end - pos)
+                else:
+                    pos += 1
+                q1445 = pos + n1444
+                if q1445 > end:
+                    raise _length_error(n1444, end - pos)
+                x1441 = buf[pos:q1445].decode()
+                pos = q1445
+                acc1439.append(x1441)
+        f_preempted = tuple(acc1439)
+    o = _c_PodScheduled(f_pod, f_node_id, f_gpus, f_policy, f_from_queue, f_scores, f_preempted)
     return o, pos
 
 
-def _d_GangScheduled1482(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
-    f_gang_id: str
-    f_members: tuple[Any, ...]
-    f_gang: _c_GangSpec
-    f_topology_key: Any
-    f_domain: Any
-    f_from_queue: bool
-    f_message: str
-    f_preempted: tuple[Any, ...]
-    n1484 = _ZL[buf[pos]]
-    if n1484 < 0:
-        n1484, pos = _rlong(buf, pos)
-        if n1484 < 0:
-            raise _length_error(n1484, end - pos)
+def _d_PodEvicted1445(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvicted, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_reason: str
+    n1447 = _ZL[buf[pos]]
+    if n1447 < 0:
+        n1447, pos = _rlong(buf, pos)
+        if n1447 < 0:
+            raise _length_error(n1447, end - pos)
     else:
         pos += 1
-    q1485 = pos + n1484
-    if q1485 > end:
-        raise _length_error(n1484, end - pos)
-    f_gang_id = buf[pos:q1485].decode()
-    pos = q1485
+    q1448 = pos + n1447
+    if q1448 > end:
+        raise _length_error(n1447, end - pos)
+    f_pod_id = buf[pos:q1448].decode()
+    pos = q1448
+    n1449 = _ZL[buf[pos]]
+    if n1449 < 0:
+        n1449, pos = _rlong(buf, pos)
+        if n1449 < 0:
+            raise _length_error(n1449, end - pos)
+    else:
+        pos += 1
+    q1450 = pos + n1449
+    if q1450 > end:
+        raise _length_error(n1449, end - pos)
+    f_node_id = buf[pos:q1450].decode()
+    pos = q1450
+    n1451 = _ZL[buf[pos]]
+    if n1451 < 0:
+        n1451, pos = _rlong(buf, pos)
+        if n1451 < 0:
+            raise _length_error(n1451, end - pos)
+    else:
+        pos += 1
+    q1452 = pos + n1451
+    if q1452 > end:
+        raise _length_error(n1451, end - pos)
+    f_reason = buf[pos:q1452].decode()
+    pos = q1452
+    o = _c_PodEvicted(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PodReleased1452(buf: bytes, pos: int, end: int) -> tuple[_c_PodReleased, int]:
+    f_pod_id: str
+    f_node_id: Any
+    f_reason: str
+    n1454 = _ZL[buf[pos]]
+    if n1454 < 0:
+        n1454, pos = _rlong(buf, pos)
+        if n1454 < 0:
+            raise _length_error(n1454, end - pos)
+    else:
+        pos += 1
+    q1455 = pos + n1454
+    if q1455 > end:
+        raise _length_error(n1454, end - pos)
+    f_pod_id = buf[pos:q1455].decode()
+    pos = q1455
+    b = buf[pos]
+    if b < 128:
+        i1456 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1456 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1456 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1456, pos = _rlong(buf, pos)
+    if i1456 == 0:
+        f_node_id = None
+    elif i1456 == 1:
+        n1457 = _ZL[buf[pos]]
+        if n1457 < 0:
+            n1457, pos = _rlong(buf, pos)
+            if n1457 < 0:
+                raise _length_error(n1457, end - pos)
+        else:
+            pos += 1
+        q1458 = pos + n1457
+        if q1458 > end:
+            raise _length_error(n1457, end - pos)
+        f_node_id = buf[pos:q1458].decode()
+        pos = q1458
+    else:
+        raise _union_error(i1456, 2)
+    n1459 = _ZL[buf[pos]]
+    if n1459 < 0:
+        n1459, pos = _rlong(buf, pos)
+        if n1459 < 0:
+            raise _length_error(n1459, end - pos)
+    else:
+        pos += 1
+    q1460 = pos + n1459
+    if q1460 > end:
+        raise _length_error(n1459, end - pos)
+    f_reason = buf[pos:q1460].decode()
+    pos = q1460
+    o = _c_PodReleased(f_pod_id, f_node_id, f_reason)
+    return o, pos
+
+
+def _d_PolicyChanged1460(buf: bytes, pos: int, end: int) -> tuple[_c_PolicyChanged, int]:
+    f_policy: str
+    f_previous: str
+    f_reserve_after_ms: Any
+    f_queue_order: str
+    f_max_clock_jump_ms: Any
+    n1462 = _ZL[buf[pos]]
+    if n1462 < 0:
+        n1462, pos = _rlong(buf, pos)
+        if n1462 < 0:
+            raise _length_error(n1462, end - pos)
+    else:
+        pos += 1
+    q1463 = pos + n1462
+    if q1463 > end:
+        raise _length_error(n1462, end - pos)
+    f_policy = buf[pos:q1463].decode()
+    pos = q1463
+    n1464 = _ZL[buf[pos]]
+    if n1464 < 0:
+        n1464, pos = _rlong(buf, pos)
+        if n1464 < 0:
+            raise _length_error(n1464, end - pos)
+    else:
+        pos += 1
+    q1465 = pos + n1464
+    if q1465 > end:
+        raise _length_error(n1464, end - pos)
+    f_previous = buf[pos:q1465].decode()
+    pos = q1465
+    b = buf[pos]
+    if b < 128:
+        i1466 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1466 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1466 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1466, pos = _rlong(buf, pos)
+    if i1466 == 0:
+        f_reserve_after_ms = None
+    elif i1466 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_reserve_after_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_reserve_after_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_reserve_after_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1466, 2)
+    n1467 = _ZL[buf[pos]]
+    if n1467 < 0:
+        n1467, pos = _rlong(buf, pos)
+        if n1467 < 0:
+            raise _length_error(n1467, end - pos)
+    else:
+        pos += 1
+    q1468 = pos + n1467
+    if q1468 > end:
+        raise _length_error(n1467, end - pos)
+    f_queue_order = buf[pos:q1468].decode()
+    pos = q1468
+    b = buf[pos]
+    if b < 128:
+        i1469 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1469 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1469 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1469, pos = _rlong(buf, pos)
+    if i1469 == 0:
+        f_max_clock_jump_ms = None
+    elif i1469 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_max_clock_jump_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_max_clock_jump_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_max_clock_jump_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1469, 2)
+    o = _c_PolicyChanged(f_policy, f_previous, f_reserve_after_ms, f_queue_order, f_max_clock_jump_ms)
+    return o, pos
+
+
+def _d_CommandRejected1469(buf: bytes, pos: int, end: int) -> tuple[_c_CommandRejected, int]:
+    f_command_id: str
+    f_command_type: str
+    f_code: str
+    f_message: str
+    n1471 = _ZL[buf[pos]]
+    if n1471 < 0:
+        n1471, pos = _rlong(buf, pos)
+        if n1471 < 0:
+            raise _length_error(n1471, end - pos)
+    else:
+        pos += 1
+    q1472 = pos + n1471
+    if q1472 > end:
+        raise _length_error(n1471, end - pos)
+    f_command_id = buf[pos:q1472].decode()
+    pos = q1472
+    n1473 = _ZL[buf[pos]]
+    if n1473 < 0:
+        n1473, pos = _rlong(buf, pos)
+        if n1473 < 0:
+            raise _length_error(n1473, end - pos)
+    else:
+        pos += 1
+    q1474 = pos + n1473
+    if q1474 > end:
+        raise _length_error(n1473, end - pos)
+    f_command_type = buf[pos:q1474].decode()
+    pos = q1474
+    n1475 = _ZL[buf[pos]]
+    if n1475 < 0:
+        n1475, pos = _rlong(buf, pos)
+        if n1475 < 0:
+            raise _length_error(n1475, end - pos)
+    else:
+        pos += 1
+    q1476 = pos + n1475
+    if q1476 > end:
+        raise _length_error(n1475, end - pos)
+    f_code = buf[pos:q1476].decode()
+    pos = q1476
+    n1477 = _ZL[buf[pos]]
+    if n1477 < 0:
+        n1477, pos = _rlong(buf, pos)
+        if n1477 < 0:
+            raise _length_error(n1477, end - pos)
+    else:
+        pos += 1
+    q1478 = pos + n1477
+    if q1478 > end:
+        raise _length_error(n1477, end - pos)
+    f_message = buf[pos:q1478].decode()
+    pos = q1478
+    o = _c_CommandRejected(f_command_id, f_command_type, f_code, f_message)
+    return o, pos
+
+
+def _d_GangSpec1486(buf: bytes, pos: int, end: int) -> tuple[_c_GangSpec, int]:
+    f_gang_id: str
+    f_tenant: str
+    f_priority: int
+    f_members: tuple[Any, ...]
+    f_min_members: int
+    f_topology_required: Any
+    f_topology_preferred: Any
+    f_timeout_ms: Any
+    f_time_limit_ms: Any
+    f_depends_on: tuple[Any, ...]
+    f_dependency: str
+    f_submitted_at: int
+    f_arrival: int
+    f_preemption: str
+    f_retry: Any
+    f_queued_at: Any
+    f_preemptible: bool
+    f_disruption: str
+    f_min_members_per_role: dict[str, Any]
+    n1488 = _ZL[buf[pos]]
+    if n1488 < 0:
+        n1488, pos = _rlong(buf, pos)
+        if n1488 < 0:
+            raise _length_error(n1488, end - pos)
+    else:
+        pos += 1
+    q1489 = pos + n1488
+    if q1489 > end:
+        raise _length_error(n1488, end - pos)
+    f_gang_id = buf[pos:q1489].decode()
+    pos = q1489
+    n1490 = _ZL[buf[pos]]
+    if n1490 < 0:
+        n1490, pos = _rlong(buf, pos)
+        if n1490 < 0:
+            raise _length_error(n1490, end - pos)
+    else:
+        pos += 1
+    q1491 = pos + n1490
+    if q1491 > end:
+        raise _length_error(n1490, end - pos)
+    f_tenant = buf[pos:q1491].decode()
+    pos = q1491
+    b = buf[pos]
+    if b < 128:
+        f_priority = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_priority = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_priority, pos = _rlong(buf, pos)
     if buf[pos] == 0:
         pos += 1
         f_members = ()
     else:
-        acc1486: list[Any] = []
+        acc1492: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1487 = _ZD[b]
+                c1493 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1487 = (z >> 1) ^ -(z & 1)
+                c1493 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1487 = (z >> 1) ^ -(z & 1)
+                c1493 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1487, pos = _rlong(buf, pos)
-            if c1487 == 0:
+                c1493, pos = _rlong(buf, pos)
+            if c1493 == 0:
                 break
-            if c1487 < 0:
-                c1487 = -c1487
+            if c1493 < 0:
+                c1493 = -c1493
                 b = buf[pos]
                 if b < 128:
-                    z1490 = _ZD[b]
+                    z1496 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1490 = (z >> 1) ^ -(z & 1)
+                    z1496 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1490 = (z >> 1) ^ -(z & 1)
+                    z1496 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1490, pos = _rlong(buf, pos)
-            if c1487 * 3 > end - pos:
-                raise _count_error(c1487, end - pos)
-            for _ in range(c1487):
-                x1488, pos = _d_MemberPlacement1490(buf, pos, end)
-                acc1486.append(x1488)
-        f_members = tuple(acc1486)
-    f_gang, pos = _d_GangSpec1442(buf, pos, end)
+                    z1496, pos = _rlong(buf, pos)
+            if c1493 * 22 > end - pos:
+                raise _count_error(c1493, end - pos)
+            for _ in range(c1493):
+                x1494, pos = _d_PodSpec1358(buf, pos, end)
+                acc1492.append(x1494)
+        f_members = tuple(acc1492)
     b = buf[pos]
     if b < 128:
-        i1501 = _ZD[b]
+        f_min_members = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1501 = (z >> 1) ^ -(z & 1)
+        f_min_members = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1501 = (z >> 1) ^ -(z & 1)
+        f_min_members = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1501, pos = _rlong(buf, pos)
-    if i1501 == 0:
-        f_topology_key = None
-    elif i1501 == 1:
-        n1502 = _ZL[buf[pos]]
-        if n1502 < 0:
-            n1502, pos = _rlong(buf, pos)
-            if n1502 < 0:
-                raise _length_error(n1502, end - pos)
+        f_min_members, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        i1497 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1497 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1497 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1497, pos = _rlong(buf, pos)
+    if i1497 == 0:
+        f_topology_required = None
+    elif i1497 == 1:
+        n1498 = _ZL[buf[pos]]
+        if n1498 < 0:
+            n1498, pos = _rlong(buf, pos)
+            if n1498 < 0:
+                raise _length_error(n1498, end - pos)
         else:
             pos += 1
-        q1503 = pos + n1502
-        if q1503 > end:
-            raise _length_error(n1502, end - pos)
-        f_topology_key = buf[pos:q1503].decode()
-        pos = q1503
+        q1499 = pos + n1498
+        if q1499 > end:
+            raise _length_error(n1498, end - pos)
+        f_topology_required = buf[pos:q1499].decode()
+        pos = q1499
     else:
-        raise _union_error(i1501, 2)
+        raise _union_error(i1497, 2)
+    b = buf[pos]
+    if b < 128:
+        i1500 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1500 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1500, pos = _rlong(buf, pos)
+    if i1500 == 0:
+        f_topology_preferred = None
+    elif i1500 == 1:
+        n1501 = _ZL[buf[pos]]
+        if n1501 < 0:
+            n1501, pos = _rlong(buf, pos)
+            if n1501 < 0:
+                raise _length_error(n1501, end - pos)
+        else:
+            pos += 1
+        q1502 = pos + n1501
+        if q1502 > end:
+            raise _length_error(n1501, end - pos)
+        f_topology_preferred = buf[pos:q1502].decode()
+        pos = q1502
+    else:
+        raise _union_error(i1500, 2)
+    b = buf[pos]
+    if b < 128:
+        i1503 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1503 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1503 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1503, pos = _rlong(buf, pos)
+    if i1503 == 0:
+        f_timeout_ms = None
+    elif i1503 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_timeout_ms = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_timeout_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_timeout_ms, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1503, 2)
     b = buf[pos]
     if b < 128:
         i1504 = _ZD[b]
@@ -6403,111 +6062,688 @@ def _d_GangScheduled1482(buf: bytes, pos: int, end: int) -> tuple[_c_GangSchedul
     else:
         i1504, pos = _rlong(buf, pos)
     if i1504 == 0:
-        f_domain = None
+        f_time_limit_ms = None
     elif i1504 == 1:
-        n1505 = _ZL[buf[pos]]
-        if n1505 < 0:
-            n1505, pos = _rlong(buf, pos)
-            if n1505 < 0:
-                raise _length_error(n1505, end - pos)
-        else:
+        b = buf[pos]
+        if b < 128:
+            f_time_limit_ms = _ZD[b]
             pos += 1
-        q1506 = pos + n1505
-        if q1506 > end:
-            raise _length_error(n1505, end - pos)
-        f_domain = buf[pos:q1506].decode()
-        pos = q1506
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_time_limit_ms = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_time_limit_ms, pos = _rlong(buf, pos)
     else:
         raise _union_error(i1504, 2)
-    f_from_queue = buf[pos] != 0
-    pos += 1
-    n1507 = _ZL[buf[pos]]
-    if n1507 < 0:
-        n1507, pos = _rlong(buf, pos)
-        if n1507 < 0:
-            raise _length_error(n1507, end - pos)
+    if buf[pos] == 0:
+        pos += 1
+        f_depends_on = ()
+    else:
+        acc1505: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1506 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1506 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1506 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1506, pos = _rlong(buf, pos)
+            if c1506 == 0:
+                break
+            if c1506 < 0:
+                c1506 = -c1506
+                b = buf[pos]
+                if b < 128:
+                    z1509 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1509 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1509 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1509, pos = _rlong(buf, pos)
+            if c1506 * 1 > end - pos:
+                raise _count_error(c1506, end - pos)
+            for _ in range(c1506):
+                n1510 = _ZL[buf[pos]]
+                if n1510 < 0:
+                    n1510, pos = _rlong(buf, pos)
+                    if n1510 < 0:
+                        raise _length_error(n1510, end - pos)
+                else:
+                    pos += 1
+                q1511 = pos + n1510
+                if q1511 > end:
+                    raise _length_error(n1510, end - pos)
+                x1507 = buf[pos:q1511].decode()
+                pos = q1511
+                acc1505.append(x1507)
+        f_depends_on = tuple(acc1505)
+    n1512 = _ZL[buf[pos]]
+    if n1512 < 0:
+        n1512, pos = _rlong(buf, pos)
+        if n1512 < 0:
+            raise _length_error(n1512, end - pos)
     else:
         pos += 1
-    q1508 = pos + n1507
-    if q1508 > end:
-        raise _length_error(n1507, end - pos)
-    f_message = buf[pos:q1508].decode()
-    pos = q1508
+    q1513 = pos + n1512
+    if q1513 > end:
+        raise _length_error(n1512, end - pos)
+    f_dependency = buf[pos:q1513].decode()
+    pos = q1513
+    b = buf[pos]
+    if b < 128:
+        f_submitted_at = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_submitted_at = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_submitted_at, pos = _rlong(buf, pos)
+    b = buf[pos]
+    if b < 128:
+        f_arrival = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        f_arrival = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        f_arrival, pos = _rlong(buf, pos)
+    n1514 = _ZL[buf[pos]]
+    if n1514 < 0:
+        n1514, pos = _rlong(buf, pos)
+        if n1514 < 0:
+            raise _length_error(n1514, end - pos)
+    else:
+        pos += 1
+    q1515 = pos + n1514
+    if q1515 > end:
+        raise _length_error(n1514, end - pos)
+    f_preemption = buf[pos:q1515].decode()
+    pos = q1515
+    b = buf[pos]
+    if b < 128:
+        i1516 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1516 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1516 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1516, pos = _rlong(buf, pos)
+    if i1516 == 0:
+        f_retry = None
+    elif i1516 == 1:
+        f_retry, pos = _d_Retry485(buf, pos, end)
+    else:
+        raise _union_error(i1516, 2)
+    b = buf[pos]
+    if b < 128:
+        i1517 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1517 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1517 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1517, pos = _rlong(buf, pos)
+    if i1517 == 0:
+        f_queued_at = None
+    elif i1517 == 1:
+        b = buf[pos]
+        if b < 128:
+            f_queued_at = _ZD[b]
+            pos += 1
+        elif (c := buf[pos + 1]) < 128:
+            z = (b & 127) | (c << 7)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 2
+        elif (d := buf[pos + 2]) < 128:
+            z = (b & 127) | ((c & 127) << 7) | (d << 14)
+            f_queued_at = (z >> 1) ^ -(z & 1)
+            pos += 3
+        else:
+            f_queued_at, pos = _rlong(buf, pos)
+    else:
+        raise _union_error(i1517, 2)
+    f_preemptible = buf[pos] != 0
+    pos += 1
+    n1518 = _ZL[buf[pos]]
+    if n1518 < 0:
+        n1518, pos = _rlong(buf, pos)
+        if n1518 < 0:
+            raise _length_error(n1518, end - pos)
+    else:
+        pos += 1
+    q1519 = pos + n1518
+    if q1519 > end:
+        raise _length_error(n1518, end - pos)
+    f_disruption = buf[pos:q1519].decode()
+    pos = q1519
+    if buf[pos] == 0:
+        pos += 1
+        f_min_members_per_role = {}
+    else:
+        acc1520: dict[str, Any] = {}
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1521 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1521 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1521 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1521, pos = _rlong(buf, pos)
+            if c1521 == 0:
+                break
+            if c1521 < 0:
+                c1521 = -c1521
+                b = buf[pos]
+                if b < 128:
+                    z1524 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1524 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1524 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1524, pos = _rlong(buf, pos)
+            if c1521 * 2 > end - pos:
+                raise _count_error(c1521, end - pos)
+            for _ in range(c1521):
+                n1525 = _ZL[buf[pos]]
+                if n1525 < 0:
+                    n1525, pos = _rlong(buf, pos)
+                    if n1525 < 0:
+                        raise _length_error(n1525, end - pos)
+                else:
+                    pos += 1
+                q1526 = pos + n1525
+                if q1526 > end:
+                    raise _length_error(n1525, end - pos)
+                k1523 = buf[pos:q1526].decode()
+                pos = q1526
+                b = buf[pos]
+                if b < 128:
+                    x1522 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    x1522 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    x1522 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    x1522, pos = _rlong(buf, pos)
+                acc1520[k1523] = x1522
+        f_min_members_per_role = acc1520
+    o = _c_GangSpec(f_gang_id, f_tenant, f_priority, f_members, f_min_members, f_topology_required, f_topology_preferred, f_timeout_ms, f_time_limit_ms, f_depends_on, f_dependency, f_submitted_at, f_arrival, f_preemption, f_retry, f_queued_at, f_preemptible, f_disruption, f_min_members_per_role)
+    return o, pos
+
+
+def _d_GangQueued1478(buf: bytes, pos: int, end: int) -> tuple[_c_GangQueued, int]:
+    f_gang_id: str
+    f_reasons: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_requeued: bool
+    f_waiting_for: tuple[Any, ...]
+    n1480 = _ZL[buf[pos]]
+    if n1480 < 0:
+        n1480, pos = _rlong(buf, pos)
+        if n1480 < 0:
+            raise _length_error(n1480, end - pos)
+    else:
+        pos += 1
+    q1481 = pos + n1480
+    if q1481 > end:
+        raise _length_error(n1480, end - pos)
+    f_gang_id = buf[pos:q1481].decode()
+    pos = q1481
+    if buf[pos] == 0:
+        pos += 1
+        f_reasons = ()
+    else:
+        acc1482: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1483 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1483 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1483 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1483, pos = _rlong(buf, pos)
+            if c1483 == 0:
+                break
+            if c1483 < 0:
+                c1483 = -c1483
+                b = buf[pos]
+                if b < 128:
+                    z1486 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1486 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1486 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1486, pos = _rlong(buf, pos)
+            if c1483 * 3 > end - pos:
+                raise _count_error(c1483, end - pos)
+            for _ in range(c1483):
+                x1484, pos = _d_QueueReason1408(buf, pos, end)
+                acc1482.append(x1484)
+        f_reasons = tuple(acc1482)
+    f_gang, pos = _d_GangSpec1486(buf, pos, end)
+    f_requeued = buf[pos] != 0
+    pos += 1
+    if buf[pos] == 0:
+        pos += 1
+        f_waiting_for = ()
+    else:
+        acc1527: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1528 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1528 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1528 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1528, pos = _rlong(buf, pos)
+            if c1528 == 0:
+                break
+            if c1528 < 0:
+                c1528 = -c1528
+                b = buf[pos]
+                if b < 128:
+                    z1531 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1531 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1531 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1531, pos = _rlong(buf, pos)
+            if c1528 * 1 > end - pos:
+                raise _count_error(c1528, end - pos)
+            for _ in range(c1528):
+                n1532 = _ZL[buf[pos]]
+                if n1532 < 0:
+                    n1532, pos = _rlong(buf, pos)
+                    if n1532 < 0:
+                        raise _length_error(n1532, end - pos)
+                else:
+                    pos += 1
+                q1533 = pos + n1532
+                if q1533 > end:
+                    raise _length_error(n1532, end - pos)
+                x1529 = buf[pos:q1533].decode()
+                pos = q1533
+                acc1527.append(x1529)
+        f_waiting_for = tuple(acc1527)
+    o = _c_GangQueued(f_gang_id, f_reasons, f_gang, f_requeued, f_waiting_for)
+    return o, pos
+
+
+def _d_MemberPlacement1541(buf: bytes, pos: int, end: int) -> tuple[_c_MemberPlacement, int]:
+    f_pod_id: str
+    f_node_id: str
+    f_gpus: tuple[Any, ...]
+    n1543 = _ZL[buf[pos]]
+    if n1543 < 0:
+        n1543, pos = _rlong(buf, pos)
+        if n1543 < 0:
+            raise _length_error(n1543, end - pos)
+    else:
+        pos += 1
+    q1544 = pos + n1543
+    if q1544 > end:
+        raise _length_error(n1543, end - pos)
+    f_pod_id = buf[pos:q1544].decode()
+    pos = q1544
+    n1545 = _ZL[buf[pos]]
+    if n1545 < 0:
+        n1545, pos = _rlong(buf, pos)
+        if n1545 < 0:
+            raise _length_error(n1545, end - pos)
+    else:
+        pos += 1
+    q1546 = pos + n1545
+    if q1546 > end:
+        raise _length_error(n1545, end - pos)
+    f_node_id = buf[pos:q1546].decode()
+    pos = q1546
+    if buf[pos] == 0:
+        pos += 1
+        f_gpus = ()
+    else:
+        acc1547: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1548 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1548 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1548 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1548, pos = _rlong(buf, pos)
+            if c1548 == 0:
+                break
+            if c1548 < 0:
+                c1548 = -c1548
+                b = buf[pos]
+                if b < 128:
+                    z1551 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1551 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1551 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1551, pos = _rlong(buf, pos)
+            if c1548 * 2 > end - pos:
+                raise _count_error(c1548, end - pos)
+            for _ in range(c1548):
+                x1549, pos = _d_GpuShare1428(buf, pos, end)
+                acc1547.append(x1549)
+        f_gpus = tuple(acc1547)
+    o = _c_MemberPlacement(f_pod_id, f_node_id, f_gpus)
+    return o, pos
+
+
+def _d_GangScheduled1533(buf: bytes, pos: int, end: int) -> tuple[_c_GangScheduled, int]:
+    f_gang_id: str
+    f_members: tuple[Any, ...]
+    f_gang: _c_GangSpec
+    f_topology_key: Any
+    f_domain: Any
+    f_from_queue: bool
+    f_message: str
+    f_preempted: tuple[Any, ...]
+    n1535 = _ZL[buf[pos]]
+    if n1535 < 0:
+        n1535, pos = _rlong(buf, pos)
+        if n1535 < 0:
+            raise _length_error(n1535, end - pos)
+    else:
+        pos += 1
+    q1536 = pos + n1535
+    if q1536 > end:
+        raise _length_error(n1535, end - pos)
+    f_gang_id = buf[pos:q1536].decode()
+    pos = q1536
+    if buf[pos] == 0:
+        pos += 1
+        f_members = ()
+    else:
+        acc1537: list[Any] = []
+        while True:
+            b = buf[pos]
+            if b < 128:
+                c1538 = _ZD[b]
+                pos += 1
+            elif (c := buf[pos + 1]) < 128:
+                z = (b & 127) | (c << 7)
+                c1538 = (z >> 1) ^ -(z & 1)
+                pos += 2
+            elif (d := buf[pos + 2]) < 128:
+                z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                c1538 = (z >> 1) ^ -(z & 1)
+                pos += 3
+            else:
+                c1538, pos = _rlong(buf, pos)
+            if c1538 == 0:
+                break
+            if c1538 < 0:
+                c1538 = -c1538
+                b = buf[pos]
+                if b < 128:
+                    z1541 = _ZD[b]
+                    pos += 1
+                elif (c := buf[pos + 1]) < 128:
+                    z = (b & 127) | (c << 7)
+                    z1541 = (z >> 1) ^ -(z & 1)
+                    pos += 2
+                elif (d := buf[pos + 2]) < 128:
+                    z = (b & 127) | ((c & 127) << 7) | (d << 14)
+                    z1541 = (z >> 1) ^ -(z & 1)
+                    pos += 3
+                else:
+                    z1541, pos = _rlong(buf, pos)
+            if c1538 * 3 > end - pos:
+                raise _count_error(c1538, end - pos)
+            for _ in range(c1538):
+                x1539, pos = _d_MemberPlacement1541(buf, pos, end)
+                acc1537.append(x1539)
+        f_members = tuple(acc1537)
+    f_gang, pos = _d_GangSpec1486(buf, pos, end)
+    b = buf[pos]
+    if b < 128:
+        i1552 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1552 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1552 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1552, pos = _rlong(buf, pos)
+    if i1552 == 0:
+        f_topology_key = None
+    elif i1552 == 1:
+        n1553 = _ZL[buf[pos]]
+        if n1553 < 0:
+            n1553, pos = _rlong(buf, pos)
+            if n1553 < 0:
+                raise _length_error(n1553, end - pos)
+        else:
+            pos += 1
+        q1554 = pos + n1553
+        if q1554 > end:
+            raise _length_error(n1553, end - pos)
+        f_topology_key = buf[pos:q1554].decode()
+        pos = q1554
+    else:
+        raise _union_error(i1552, 2)
+    b = buf[pos]
+    if b < 128:
+        i1555 = _ZD[b]
+        pos += 1
+    elif (c := buf[pos + 1]) < 128:
+        z = (b & 127) | (c << 7)
+        i1555 = (z >> 1) ^ -(z & 1)
+        pos += 2
+    elif (d := buf[pos + 2]) < 128:
+        z = (b & 127) | ((c & 127) << 7) | (d << 14)
+        i1555 = (z >> 1) ^ -(z & 1)
+        pos += 3
+    else:
+        i1555, pos = _rlong(buf, pos)
+    if i1555 == 0:
+        f_domain = None
+    elif i1555 == 1:
+        n1556 = _ZL[buf[pos]]
+        if n1556 < 0:
+            n1556, pos = _rlong(buf, pos)
+            if n1556 < 0:
+                raise _length_error(n1556, end - pos)
+        else:
+            pos += 1
+        q1557 = pos + n1556
+        if q1557 > end:
+            raise _length_error(n1556, end - pos)
+        f_domain = buf[pos:q1557].decode()
+        pos = q1557
+    else:
+        raise _union_error(i1555, 2)
+    f_from_queue = buf[pos] != 0
+    pos += 1
+    n1558 = _ZL[buf[pos]]
+    if n1558 < 0:
+        n1558, pos = _rlong(buf, pos)
+        if n1558 < 0:
+            raise _length_error(n1558, end - pos)
+    else:
+        pos += 1
+    q1559 = pos + n1558
+    if q1559 > end:
+        raise _length_error(n1558, end - pos)
+    f_message = buf[pos:q1559].decode()
+    pos = q1559
     if buf[pos] == 0:
         pos += 1
         f_preempted = ()
     else:
-        acc1509: list[Any] = []
+        acc1560: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1510 = _ZD[b]
+                c1561 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1510 = (z >> 1) ^ -(z & 1)
+                c1561 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1510 = (z >> 1) ^ -(z & 1)
+                c1561 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1510, pos = _rlong(buf, pos)
-            if c1510 == 0:
+                c1561, pos = _rlong(buf, pos)
+            if c1561 == 0:
                 break
-            if c1510 < 0:
-                c1510 = -c1510
+            if c1561 < 0:
+                c1561 = -c1561
                 b = buf[pos]
                 if b < 128:
-                    z1513 = _ZD[b]
+                    z1564 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1513 = (z >> 1) ^ -(z & 1)
+                    z1564 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1513 = (z >> 1) ^ -(z & 1)
+                    z1564 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1513, pos = _rlong(buf, pos)
-            if c1510 * 1 > end - pos:
-                raise _count_error(c1510, end - pos)
-            for _ in range(c1510):
-                n1514 = _ZL[buf[pos]]
-                if n1514 < 0:
-                    n1514, pos = _rlong(buf, pos)
-                    if n1514 < 0:
-                        raise _length_error(n1514, end - pos)
+                    z1564, pos = _rlong(buf, pos)
+            if c1561 * 1 > end - pos:
+                raise _count_error(c1561, end - pos)
+            for _ in range(c1561):
+                n1565 = _ZL[buf[pos]]
+                if n1565 < 0:
+                    n1565, pos = _rlong(buf, pos)
+                    if n1565 < 0:
+                        raise _length_error(n1565, end - pos)
                 else:
                     pos += 1
-                q1515 = pos + n1514
-                if q1515 > end:
-                    raise _length_error(n1514, end - pos)
-                x1511 = buf[pos:q1515].decode()
-                pos = q1515
-                acc1509.append(x1511)
-        f_preempted = tuple(acc1509)
+                q1566 = pos + n1565
+                if q1566 > end:
+                    raise _length_error(n1565, end - pos)
+                x1562 = buf[pos:q1566].decode()
+                pos = q1566
+                acc1560.append(x1562)
+        f_preempted = tuple(acc1560)
     o = _c_GangScheduled(f_gang_id, f_members, f_gang, f_topology_key, f_domain, f_from_queue, f_message, f_preempted)
     return o, pos
 
 
-def _d_GangTimedOut1515(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
+def _d_GangTimedOut1566(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut, int]:
     f_gang_id: str
     f_waited_ms: int
     f_message: str
-    n1517 = _ZL[buf[pos]]
-    if n1517 < 0:
-        n1517, pos = _rlong(buf, pos)
-        if n1517 < 0:
-            raise _length_error(n1517, end - pos)
+    n1568 = _ZL[buf[pos]]
+    if n1568 < 0:
+        n1568, pos = _rlong(buf, pos)
+        if n1568 < 0:
+            raise _length_error(n1568, end - pos)
     else:
         pos += 1
-    q1518 = pos + n1517
-    if q1518 > end:
-        raise _length_error(n1517, end - pos)
-    f_gang_id = buf[pos:q1518].decode()
-    pos = q1518
+    q1569 = pos + n1568
+    if q1569 > end:
+        raise _length_error(n1568, end - pos)
+    f_gang_id = buf[pos:q1569].decode()
+    pos = q1569
     b = buf[pos]
     if b < 128:
         f_waited_ms = _ZD[b]
@@ -6522,141 +6758,141 @@ def _d_GangTimedOut1515(buf: bytes, pos: int, end: int) -> tuple[_c_GangTimedOut
         pos += 3
     else:
         f_waited_ms, pos = _rlong(buf, pos)
-    n1519 = _ZL[buf[pos]]
-    if n1519 < 0:
-        n1519, pos = _rlong(buf, pos)
-        if n1519 < 0:
-            raise _length_error(n1519, end - pos)
+    n1570 = _ZL[buf[pos]]
+    if n1570 < 0:
+        n1570, pos = _rlong(buf, pos)
+        if n1570 < 0:
+            raise _length_error(n1570, end - pos)
     else:
         pos += 1
-    q1520 = pos + n1519
-    if q1520 > end:
-        raise _length_error(n1519, end - pos)
-    f_message = buf[pos:q1520].decode()
-    pos = q1520
+    q1571 = pos + n1570
+    if q1571 > end:
+        raise _length_error(n1570, end - pos)
+    f_message = buf[pos:q1571].decode()
+    pos = q1571
     o = _c_GangTimedOut(f_gang_id, f_waited_ms, f_message)
     return o, pos
 
 
-def _d_GangReleased1520(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
+def _d_GangReleased1571(buf: bytes, pos: int, end: int) -> tuple[_c_GangReleased, int]:
     f_gang_id: str
     f_reason: str
     f_ok: bool
     f_members_ended: tuple[Any, ...]
-    n1522 = _ZL[buf[pos]]
-    if n1522 < 0:
-        n1522, pos = _rlong(buf, pos)
-        if n1522 < 0:
-            raise _length_error(n1522, end - pos)
+    n1573 = _ZL[buf[pos]]
+    if n1573 < 0:
+        n1573, pos = _rlong(buf, pos)
+        if n1573 < 0:
+            raise _length_error(n1573, end - pos)
     else:
         pos += 1
-    q1523 = pos + n1522
-    if q1523 > end:
-        raise _length_error(n1522, end - pos)
-    f_gang_id = buf[pos:q1523].decode()
-    pos = q1523
-    n1524 = _ZL[buf[pos]]
-    if n1524 < 0:
-        n1524, pos = _rlong(buf, pos)
-        if n1524 < 0:
-            raise _length_error(n1524, end - pos)
+    q1574 = pos + n1573
+    if q1574 > end:
+        raise _length_error(n1573, end - pos)
+    f_gang_id = buf[pos:q1574].decode()
+    pos = q1574
+    n1575 = _ZL[buf[pos]]
+    if n1575 < 0:
+        n1575, pos = _rlong(buf, pos)
+        if n1575 < 0:
+            raise _length_error(n1575, end - pos)
     else:
         pos += 1
-    q1525 = pos + n1524
-    if q1525 > end:
-        raise _length_error(n1524, end - pos)
-    f_reason = buf[pos:q1525].decode()
-    pos = q1525
+    q1576 = pos + n1575
+    if q1576 > end:
+        raise _length_error(n1575, end - pos)
+    f_reason = buf[pos:q1576].decode()
+    pos = q1576
     f_ok = buf[pos] != 0
     pos += 1
     if buf[pos] == 0:
         pos += 1
         f_members_ended = ()
     else:
-        acc1526: list[Any] = []
+        acc1577: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1527 = _ZD[b]
+                c1578 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1527 = (z >> 1) ^ -(z & 1)
+                c1578 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1527 = (z >> 1) ^ -(z & 1)
+                c1578 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1527, pos = _rlong(buf, pos)
-            if c1527 == 0:
+                c1578, pos = _rlong(buf, pos)
+            if c1578 == 0:
                 break
-            if c1527 < 0:
-                c1527 = -c1527
+            if c1578 < 0:
+                c1578 = -c1578
                 b = buf[pos]
                 if b < 128:
-                    z1530 = _ZD[b]
+                    z1581 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1530 = (z >> 1) ^ -(z & 1)
+                    z1581 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1530 = (z >> 1) ^ -(z & 1)
+                    z1581 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1530, pos = _rlong(buf, pos)
-            if c1527 * 1 > end - pos:
-                raise _count_error(c1527, end - pos)
-            for _ in range(c1527):
-                n1531 = _ZL[buf[pos]]
-                if n1531 < 0:
-                    n1531, pos = _rlong(buf, pos)
-                    if n1531 < 0:
-                        raise _length_error(n1531, end - pos)
+                    z1581, pos = _rlong(buf, pos)
+            if c1578 * 1 > end - pos:
+                raise _count_error(c1578, end - pos)
+            for _ in range(c1578):
+                n1582 = _ZL[buf[pos]]
+                if n1582 < 0:
+                    n1582, pos = _rlong(buf, pos)
+                    if n1582 < 0:
+                        raise _length_error(n1582, end - pos)
                 else:
                     pos += 1
-                q1532 = pos + n1531
-                if q1532 > end:
-                    raise _length_error(n1531, end - pos)
-                x1528 = buf[pos:q1532].decode()
-                pos = q1532
-                acc1526.append(x1528)
-        f_members_ended = tuple(acc1526)
+                q1583 = pos + n1582
+                if q1583 > end:
+                    raise _length_error(n1582, end - pos)
+                x1579 = buf[pos:q1583].decode()
+                pos = q1583
+                acc1577.append(x1579)
+        f_members_ended = tuple(acc1577)
     o = _c_GangReleased(f_gang_id, f_reason, f_ok, f_members_ended)
     return o, pos
 
 
-def _d_PodTimeLimitReached1532(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
+def _d_PodTimeLimitReached1583(buf: bytes, pos: int, end: int) -> tuple[_c_PodTimeLimitReached, int]:
     f_pod_id: str
     f_node_id: str
     f_time_limit_ms: int
     f_gang_id: Any
-    n1534 = _ZL[buf[pos]]
-    if n1534 < 0:
-        n1534, pos = _rlong(buf, pos)
-        if n1534 < 0:
-            raise _length_error(n1534, end - pos)
+    n1585 = _ZL[buf[pos]]
+    if n1585 < 0:
+        n1585, pos = _rlong(buf, pos)
+        if n1585 < 0:
+            raise _length_error(n1585, end - pos)
     else:
         pos += 1
-    q1535 = pos + n1534
-    if q1535 > end:
-        raise _length_error(n1534, end - pos)
-    f_pod_id = buf[pos:q1535].decode()
-    pos = q1535
-    n1536 = _ZL[buf[pos]]
-    if n1536 < 0:
-        n1536, pos = _rlong(buf, pos)
-        if n1536 < 0:
-            raise _length_error(n1536, end - pos)
+    q1586 = pos + n1585
+    if q1586 > end:
+        raise _length_error(n1585, end - pos)
+    f_pod_id = buf[pos:q1586].decode()
+    pos = q1586
+    n1587 = _ZL[buf[pos]]
+    if n1587 < 0:
+        n1587, pos = _rlong(buf, pos)
+        if n1587 < 0:
+            raise _length_error(n1587, end - pos)
     else:
         pos += 1
-    q1537 = pos + n1536
-    if q1537 > end:
-        raise _length_error(n1536, end - pos)
-    f_node_id = buf[pos:q1537].decode()
-    pos = q1537
+    q1588 = pos + n1587
+    if q1588 > end:
+        raise _length_error(n1587, end - pos)
+    f_node_id = buf[pos:q1588].decode()
+    pos = q1588
     b = buf[pos]
     if b < 128:
         f_time_limit_ms = _ZD[b]
@@ -6673,141 +6909,141 @@ def _d_PodTimeLimitReached1532(buf: bytes, pos: int, end: int) -> tuple[_c_PodTi
         f_time_limit_ms, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1538 = _ZD[b]
+        i1589 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1538 = (z >> 1) ^ -(z & 1)
+        i1589 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1538 = (z >> 1) ^ -(z & 1)
+        i1589 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1538, pos = _rlong(buf, pos)
-    if i1538 == 0:
+        i1589, pos = _rlong(buf, pos)
+    if i1589 == 0:
         f_gang_id = None
-    elif i1538 == 1:
-        n1539 = _ZL[buf[pos]]
-        if n1539 < 0:
-            n1539, pos = _rlong(buf, pos)
-            if n1539 < 0:
-                raise _length_error(n1539, end - pos)
+    elif i1589 == 1:
+        n1590 = _ZL[buf[pos]]
+        if n1590 < 0:
+            n1590, pos = _rlong(buf, pos)
+            if n1590 < 0:
+                raise _length_error(n1590, end - pos)
         else:
             pos += 1
-        q1540 = pos + n1539
-        if q1540 > end:
-            raise _length_error(n1539, end - pos)
-        f_gang_id = buf[pos:q1540].decode()
-        pos = q1540
+        q1591 = pos + n1590
+        if q1591 > end:
+            raise _length_error(n1590, end - pos)
+        f_gang_id = buf[pos:q1591].decode()
+        pos = q1591
     else:
-        raise _union_error(i1538, 2)
+        raise _union_error(i1589, 2)
     o = _c_PodTimeLimitReached(f_pod_id, f_node_id, f_time_limit_ms, f_gang_id)
     return o, pos
 
 
-def _d_NodesReserved1540(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
+def _d_NodesReserved1591(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserved, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_expected_start: Any
     f_message: str
-    n1542 = _ZL[buf[pos]]
-    if n1542 < 0:
-        n1542, pos = _rlong(buf, pos)
-        if n1542 < 0:
-            raise _length_error(n1542, end - pos)
+    n1593 = _ZL[buf[pos]]
+    if n1593 < 0:
+        n1593, pos = _rlong(buf, pos)
+        if n1593 < 0:
+            raise _length_error(n1593, end - pos)
     else:
         pos += 1
-    q1543 = pos + n1542
-    if q1543 > end:
-        raise _length_error(n1542, end - pos)
-    f_holder_id = buf[pos:q1543].decode()
-    pos = q1543
-    n1544 = _ZL[buf[pos]]
-    if n1544 < 0:
-        n1544, pos = _rlong(buf, pos)
-        if n1544 < 0:
-            raise _length_error(n1544, end - pos)
+    q1594 = pos + n1593
+    if q1594 > end:
+        raise _length_error(n1593, end - pos)
+    f_holder_id = buf[pos:q1594].decode()
+    pos = q1594
+    n1595 = _ZL[buf[pos]]
+    if n1595 < 0:
+        n1595, pos = _rlong(buf, pos)
+        if n1595 < 0:
+            raise _length_error(n1595, end - pos)
     else:
         pos += 1
-    q1545 = pos + n1544
-    if q1545 > end:
-        raise _length_error(n1544, end - pos)
-    f_holder_kind = buf[pos:q1545].decode()
-    pos = q1545
+    q1596 = pos + n1595
+    if q1596 > end:
+        raise _length_error(n1595, end - pos)
+    f_holder_kind = buf[pos:q1596].decode()
+    pos = q1596
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1546: list[Any] = []
+        acc1597: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1547 = _ZD[b]
+                c1598 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1547 = (z >> 1) ^ -(z & 1)
+                c1598 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1547 = (z >> 1) ^ -(z & 1)
+                c1598 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1547, pos = _rlong(buf, pos)
-            if c1547 == 0:
+                c1598, pos = _rlong(buf, pos)
+            if c1598 == 0:
                 break
-            if c1547 < 0:
-                c1547 = -c1547
+            if c1598 < 0:
+                c1598 = -c1598
                 b = buf[pos]
                 if b < 128:
-                    z1550 = _ZD[b]
+                    z1601 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1550 = (z >> 1) ^ -(z & 1)
+                    z1601 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1550 = (z >> 1) ^ -(z & 1)
+                    z1601 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1550, pos = _rlong(buf, pos)
-            if c1547 * 1 > end - pos:
-                raise _count_error(c1547, end - pos)
-            for _ in range(c1547):
-                n1551 = _ZL[buf[pos]]
-                if n1551 < 0:
-                    n1551, pos = _rlong(buf, pos)
-                    if n1551 < 0:
-                        raise _length_error(n1551, end - pos)
+                    z1601, pos = _rlong(buf, pos)
+            if c1598 * 1 > end - pos:
+                raise _count_error(c1598, end - pos)
+            for _ in range(c1598):
+                n1602 = _ZL[buf[pos]]
+                if n1602 < 0:
+                    n1602, pos = _rlong(buf, pos)
+                    if n1602 < 0:
+                        raise _length_error(n1602, end - pos)
                 else:
                     pos += 1
-                q1552 = pos + n1551
-                if q1552 > end:
-                    raise _length_error(n1551, end - pos)
-                x1548 = buf[pos:q1552].decode()
-                pos = q1552
-                acc1546.append(x1548)
-        f_nodes = tuple(acc1546)
+                q1603 = pos + n1602
+                if q1603 > end:
+                    raise _length_error(n1602, end - pos)
+                x1599 = buf[pos:q1603].decode()
+                pos = q1603
+                acc1597.append(x1599)
+        f_nodes = tuple(acc1597)
     b = buf[pos]
     if b < 128:
-        i1553 = _ZD[b]
+        i1604 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1553 = (z >> 1) ^ -(z & 1)
+        i1604 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1553 = (z >> 1) ^ -(z & 1)
+        i1604 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1553, pos = _rlong(buf, pos)
-    if i1553 == 0:
+        i1604, pos = _rlong(buf, pos)
+    if i1604 == 0:
         f_expected_start = None
-    elif i1553 == 1:
+    elif i1604 == 1:
         b = buf[pos]
         if b < 128:
             f_expected_start = _ZD[b]
@@ -6823,194 +7059,194 @@ def _d_NodesReserved1540(buf: bytes, pos: int, end: int) -> tuple[_c_NodesReserv
         else:
             f_expected_start, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1553, 2)
-    n1554 = _ZL[buf[pos]]
-    if n1554 < 0:
-        n1554, pos = _rlong(buf, pos)
-        if n1554 < 0:
-            raise _length_error(n1554, end - pos)
+        raise _union_error(i1604, 2)
+    n1605 = _ZL[buf[pos]]
+    if n1605 < 0:
+        n1605, pos = _rlong(buf, pos)
+        if n1605 < 0:
+            raise _length_error(n1605, end - pos)
     else:
         pos += 1
-    q1555 = pos + n1554
-    if q1555 > end:
-        raise _length_error(n1554, end - pos)
-    f_message = buf[pos:q1555].decode()
-    pos = q1555
+    q1606 = pos + n1605
+    if q1606 > end:
+        raise _length_error(n1605, end - pos)
+    f_message = buf[pos:q1606].decode()
+    pos = q1606
     o = _c_NodesReserved(f_holder_id, f_holder_kind, f_nodes, f_expected_start, f_message)
     return o, pos
 
 
-def _d_ReservationReleased1555(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
+def _d_ReservationReleased1606(buf: bytes, pos: int, end: int) -> tuple[_c_ReservationReleased, int]:
     f_holder_id: str
     f_holder_kind: str
     f_nodes: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1557 = _ZL[buf[pos]]
-    if n1557 < 0:
-        n1557, pos = _rlong(buf, pos)
-        if n1557 < 0:
-            raise _length_error(n1557, end - pos)
+    n1608 = _ZL[buf[pos]]
+    if n1608 < 0:
+        n1608, pos = _rlong(buf, pos)
+        if n1608 < 0:
+            raise _length_error(n1608, end - pos)
     else:
         pos += 1
-    q1558 = pos + n1557
-    if q1558 > end:
-        raise _length_error(n1557, end - pos)
-    f_holder_id = buf[pos:q1558].decode()
-    pos = q1558
-    n1559 = _ZL[buf[pos]]
-    if n1559 < 0:
-        n1559, pos = _rlong(buf, pos)
-        if n1559 < 0:
-            raise _length_error(n1559, end - pos)
+    q1609 = pos + n1608
+    if q1609 > end:
+        raise _length_error(n1608, end - pos)
+    f_holder_id = buf[pos:q1609].decode()
+    pos = q1609
+    n1610 = _ZL[buf[pos]]
+    if n1610 < 0:
+        n1610, pos = _rlong(buf, pos)
+        if n1610 < 0:
+            raise _length_error(n1610, end - pos)
     else:
         pos += 1
-    q1560 = pos + n1559
-    if q1560 > end:
-        raise _length_error(n1559, end - pos)
-    f_holder_kind = buf[pos:q1560].decode()
-    pos = q1560
+    q1611 = pos + n1610
+    if q1611 > end:
+        raise _length_error(n1610, end - pos)
+    f_holder_kind = buf[pos:q1611].decode()
+    pos = q1611
     if buf[pos] == 0:
         pos += 1
         f_nodes = ()
     else:
-        acc1561: list[Any] = []
+        acc1612: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1562 = _ZD[b]
+                c1613 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1562 = (z >> 1) ^ -(z & 1)
+                c1613 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1562, pos = _rlong(buf, pos)
-            if c1562 == 0:
+                c1613, pos = _rlong(buf, pos)
+            if c1613 == 0:
                 break
-            if c1562 < 0:
-                c1562 = -c1562
+            if c1613 < 0:
+                c1613 = -c1613
                 b = buf[pos]
                 if b < 128:
-                    z1565 = _ZD[b]
+                    z1616 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1565 = (z >> 1) ^ -(z & 1)
+                    z1616 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1565, pos = _rlong(buf, pos)
-            if c1562 * 1 > end - pos:
-                raise _count_error(c1562, end - pos)
-            for _ in range(c1562):
-                n1566 = _ZL[buf[pos]]
-                if n1566 < 0:
-                    n1566, pos = _rlong(buf, pos)
-                    if n1566 < 0:
-                        raise _length_error(n1566, end - pos)
+                    z1616, pos = _rlong(buf, pos)
+            if c1613 * 1 > end - pos:
+                raise _count_error(c1613, end - pos)
+            for _ in range(c1613):
+                n1617 = _ZL[buf[pos]]
+                if n1617 < 0:
+                    n1617, pos = _rlong(buf, pos)
+                    if n1617 < 0:
+                        raise _length_error(n1617, end - pos)
                 else:
                     pos += 1
-                q1567 = pos + n1566
-                if q1567 > end:
-                    raise _length_error(n1566, end - pos)
-                x1563 = buf[pos:q1567].decode()
-                pos = q1567
-                acc1561.append(x1563)
-        f_nodes = tuple(acc1561)
-    n1568 = _ZL[buf[pos]]
-    if n1568 < 0:
-        n1568, pos = _rlong(buf, pos)
-        if n1568 < 0:
-            raise _length_error(n1568, end - pos)
+                q1618 = pos + n1617
+                if q1618 > end:
+                    raise _length_error(n1617, end - pos)
+                x1614 = buf[pos:q1618].decode()
+                pos = q1618
+                acc1612.append(x1614)
+        f_nodes = tuple(acc1612)
+    n1619 = _ZL[buf[pos]]
+    if n1619 < 0:
+        n1619, pos = _rlong(buf, pos)
+        if n1619 < 0:
+            raise _length_error(n1619, end - pos)
     else:
         pos += 1
-    q1569 = pos + n1568
-    if q1569 > end:
-        raise _length_error(n1568, end - pos)
-    f_reason = buf[pos:q1569].decode()
-    pos = q1569
-    n1570 = _ZL[buf[pos]]
-    if n1570 < 0:
-        n1570, pos = _rlong(buf, pos)
-        if n1570 < 0:
-            raise _length_error(n1570, end - pos)
+    q1620 = pos + n1619
+    if q1620 > end:
+        raise _length_error(n1619, end - pos)
+    f_reason = buf[pos:q1620].decode()
+    pos = q1620
+    n1621 = _ZL[buf[pos]]
+    if n1621 < 0:
+        n1621, pos = _rlong(buf, pos)
+        if n1621 < 0:
+            raise _length_error(n1621, end - pos)
     else:
         pos += 1
-    q1571 = pos + n1570
-    if q1571 > end:
-        raise _length_error(n1570, end - pos)
-    f_message = buf[pos:q1571].decode()
-    pos = q1571
+    q1622 = pos + n1621
+    if q1622 > end:
+        raise _length_error(n1621, end - pos)
+    f_message = buf[pos:q1622].decode()
+    pos = q1622
     o = _c_ReservationReleased(f_holder_id, f_holder_kind, f_nodes, f_reason, f_message)
     return o, pos
 
 
-def _d_DependencyFailed1571(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
+def _d_DependencyFailed1622(buf: bytes, pos: int, end: int) -> tuple[_c_DependencyFailed, int]:
     f_holder_id: str
     f_holder_kind: str
     f_dependency_id: str
     f_message: str
-    n1573 = _ZL[buf[pos]]
-    if n1573 < 0:
-        n1573, pos = _rlong(buf, pos)
-        if n1573 < 0:
-            raise _length_error(n1573, end - pos)
+    n1624 = _ZL[buf[pos]]
+    if n1624 < 0:
+        n1624, pos = _rlong(buf, pos)
+        if n1624 < 0:
+            raise _length_error(n1624, end - pos)
     else:
         pos += 1
-    q1574 = pos + n1573
-    if q1574 > end:
-        raise _length_error(n1573, end - pos)
-    f_holder_id = buf[pos:q1574].decode()
-    pos = q1574
-    n1575 = _ZL[buf[pos]]
-    if n1575 < 0:
-        n1575, pos = _rlong(buf, pos)
-        if n1575 < 0:
-            raise _length_error(n1575, end - pos)
+    q1625 = pos + n1624
+    if q1625 > end:
+        raise _length_error(n1624, end - pos)
+    f_holder_id = buf[pos:q1625].decode()
+    pos = q1625
+    n1626 = _ZL[buf[pos]]
+    if n1626 < 0:
+        n1626, pos = _rlong(buf, pos)
+        if n1626 < 0:
+            raise _length_error(n1626, end - pos)
     else:
         pos += 1
-    q1576 = pos + n1575
-    if q1576 > end:
-        raise _length_error(n1575, end - pos)
-    f_holder_kind = buf[pos:q1576].decode()
-    pos = q1576
-    n1577 = _ZL[buf[pos]]
-    if n1577 < 0:
-        n1577, pos = _rlong(buf, pos)
-        if n1577 < 0:
-            raise _length_error(n1577, end - pos)
+    q1627 = pos + n1626
+    if q1627 > end:
+        raise _length_error(n1626, end - pos)
+    f_holder_kind = buf[pos:q1627].decode()
+    pos = q1627
+    n1628 = _ZL[buf[pos]]
+    if n1628 < 0:
+        n1628, pos = _rlong(buf, pos)
+        if n1628 < 0:
+            raise _length_error(n1628, end - pos)
     else:
         pos += 1
-    q1578 = pos + n1577
-    if q1578 > end:
-        raise _length_error(n1577, end - pos)
-    f_dependency_id = buf[pos:q1578].decode()
-    pos = q1578
-    n1579 = _ZL[buf[pos]]
-    if n1579 < 0:
-        n1579, pos = _rlong(buf, pos)
-        if n1579 < 0:
-            raise _length_error(n1579, end - pos)
+    q1629 = pos + n1628
+    if q1629 > end:
+        raise _length_error(n1628, end - pos)
+    f_dependency_id = buf[pos:q1629].decode()
+    pos = q1629
+    n1630 = _ZL[buf[pos]]
+    if n1630 < 0:
+        n1630, pos = _rlong(buf, pos)
+        if n1630 < 0:
+            raise _length_error(n1630, end - pos)
     else:
         pos += 1
-    q1580 = pos + n1579
-    if q1580 > end:
-        raise _length_error(n1579, end - pos)
-    f_message = buf[pos:q1580].decode()
-    pos = q1580
+    q1631 = pos + n1630
+    if q1631 > end:
+        raise _length_error(n1630, end - pos)
+    f_message = buf[pos:q1631].decode()
+    pos = q1631
     o = _c_DependencyFailed(f_holder_id, f_holder_kind, f_dependency_id, f_message)
     return o, pos
 
 
-def _d_Ticked1580(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
+def _d_Ticked1631(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     f_clock: int
     f_partition: bool
     b = buf[pos]
@@ -7033,169 +7269,169 @@ def _d_Ticked1580(buf: bytes, pos: int, end: int) -> tuple[_c_Ticked, int]:
     return o, pos
 
 
-def _d_PodPreempted1581(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
+def _d_PodPreempted1632(buf: bytes, pos: int, end: int) -> tuple[_c_PodPreempted, int]:
     f_pod_id: str
     f_node_id: str
     f_by: str
     f_reason: str
     f_message: str
-    n1583 = _ZL[buf[pos]]
-    if n1583 < 0:
-        n1583, pos = _rlong(buf, pos)
-        if n1583 < 0:
-            raise _length_error(n1583, end - pos)
+    n1634 = _ZL[buf[pos]]
+    if n1634 < 0:
+        n1634, pos = _rlong(buf, pos)
+        if n1634 < 0:
+            raise _length_error(n1634, end - pos)
     else:
         pos += 1
-    q1584 = pos + n1583
-    if q1584 > end:
-        raise _length_error(n1583, end - pos)
-    f_pod_id = buf[pos:q1584].decode()
-    pos = q1584
-    n1585 = _ZL[buf[pos]]
-    if n1585 < 0:
-        n1585, pos = _rlong(buf, pos)
-        if n1585 < 0:
-            raise _length_error(n1585, end - pos)
+    q1635 = pos + n1634
+    if q1635 > end:
+        raise _length_error(n1634, end - pos)
+    f_pod_id = buf[pos:q1635].decode()
+    pos = q1635
+    n1636 = _ZL[buf[pos]]
+    if n1636 < 0:
+        n1636, pos = _rlong(buf, pos)
+        if n1636 < 0:
+            raise _length_error(n1636, end - pos)
     else:
         pos += 1
-    q1586 = pos + n1585
-    if q1586 > end:
-        raise _length_error(n1585, end - pos)
-    f_node_id = buf[pos:q1586].decode()
-    pos = q1586
-    n1587 = _ZL[buf[pos]]
-    if n1587 < 0:
-        n1587, pos = _rlong(buf, pos)
-        if n1587 < 0:
-            raise _length_error(n1587, end - pos)
+    q1637 = pos + n1636
+    if q1637 > end:
+        raise _length_error(n1636, end - pos)
+    f_node_id = buf[pos:q1637].decode()
+    pos = q1637
+    n1638 = _ZL[buf[pos]]
+    if n1638 < 0:
+        n1638, pos = _rlong(buf, pos)
+        if n1638 < 0:
+            raise _length_error(n1638, end - pos)
     else:
         pos += 1
-    q1588 = pos + n1587
-    if q1588 > end:
-        raise _length_error(n1587, end - pos)
-    f_by = buf[pos:q1588].decode()
-    pos = q1588
-    n1589 = _ZL[buf[pos]]
-    if n1589 < 0:
-        n1589, pos = _rlong(buf, pos)
-        if n1589 < 0:
-            raise _length_error(n1589, end - pos)
+    q1639 = pos + n1638
+    if q1639 > end:
+        raise _length_error(n1638, end - pos)
+    f_by = buf[pos:q1639].decode()
+    pos = q1639
+    n1640 = _ZL[buf[pos]]
+    if n1640 < 0:
+        n1640, pos = _rlong(buf, pos)
+        if n1640 < 0:
+            raise _length_error(n1640, end - pos)
     else:
         pos += 1
-    q1590 = pos + n1589
-    if q1590 > end:
-        raise _length_error(n1589, end - pos)
-    f_reason = buf[pos:q1590].decode()
-    pos = q1590
-    n1591 = _ZL[buf[pos]]
-    if n1591 < 0:
-        n1591, pos = _rlong(buf, pos)
-        if n1591 < 0:
-            raise _length_error(n1591, end - pos)
+    q1641 = pos + n1640
+    if q1641 > end:
+        raise _length_error(n1640, end - pos)
+    f_reason = buf[pos:q1641].decode()
+    pos = q1641
+    n1642 = _ZL[buf[pos]]
+    if n1642 < 0:
+        n1642, pos = _rlong(buf, pos)
+        if n1642 < 0:
+            raise _length_error(n1642, end - pos)
     else:
         pos += 1
-    q1592 = pos + n1591
-    if q1592 > end:
-        raise _length_error(n1591, end - pos)
-    f_message = buf[pos:q1592].decode()
-    pos = q1592
+    q1643 = pos + n1642
+    if q1643 > end:
+        raise _length_error(n1642, end - pos)
+    f_message = buf[pos:q1643].decode()
+    pos = q1643
     o = _c_PodPreempted(f_pod_id, f_node_id, f_by, f_reason, f_message)
     return o, pos
 
 
-def _d_QuotaChanged1592(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
+def _d_QuotaChanged1643(buf: bytes, pos: int, end: int) -> tuple[_c_QuotaChanged, int]:
     f_tenant: Any
     f_quota: Any
     f_previous: Any
     f_message: str
     b = buf[pos]
     if b < 128:
-        i1594 = _ZD[b]
+        i1645 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1594 = (z >> 1) ^ -(z & 1)
+        i1645 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1594 = (z >> 1) ^ -(z & 1)
+        i1645 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1594, pos = _rlong(buf, pos)
-    if i1594 == 0:
+        i1645, pos = _rlong(buf, pos)
+    if i1645 == 0:
         f_tenant = None
-    elif i1594 == 1:
-        n1595 = _ZL[buf[pos]]
-        if n1595 < 0:
-            n1595, pos = _rlong(buf, pos)
-            if n1595 < 0:
-                raise _length_error(n1595, end - pos)
+    elif i1645 == 1:
+        n1646 = _ZL[buf[pos]]
+        if n1646 < 0:
+            n1646, pos = _rlong(buf, pos)
+            if n1646 < 0:
+                raise _length_error(n1646, end - pos)
         else:
             pos += 1
-        q1596 = pos + n1595
-        if q1596 > end:
-            raise _length_error(n1595, end - pos)
-        f_tenant = buf[pos:q1596].decode()
-        pos = q1596
+        q1647 = pos + n1646
+        if q1647 > end:
+            raise _length_error(n1646, end - pos)
+        f_tenant = buf[pos:q1647].decode()
+        pos = q1647
     else:
-        raise _union_error(i1594, 2)
+        raise _union_error(i1645, 2)
     b = buf[pos]
     if b < 128:
-        i1597 = _ZD[b]
+        i1648 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1597 = (z >> 1) ^ -(z & 1)
+        i1648 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1597 = (z >> 1) ^ -(z & 1)
+        i1648 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1597, pos = _rlong(buf, pos)
-    if i1597 == 0:
+        i1648, pos = _rlong(buf, pos)
+    if i1648 == 0:
         f_quota = None
-    elif i1597 == 1:
-        f_quota, pos = _d_Quota487(buf, pos, end)
+    elif i1648 == 1:
+        f_quota, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i1597, 2)
+        raise _union_error(i1648, 2)
     b = buf[pos]
     if b < 128:
-        i1598 = _ZD[b]
+        i1649 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1598 = (z >> 1) ^ -(z & 1)
+        i1649 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1598 = (z >> 1) ^ -(z & 1)
+        i1649 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1598, pos = _rlong(buf, pos)
-    if i1598 == 0:
+        i1649, pos = _rlong(buf, pos)
+    if i1649 == 0:
         f_previous = None
-    elif i1598 == 1:
-        f_previous, pos = _d_Quota487(buf, pos, end)
+    elif i1649 == 1:
+        f_previous, pos = _d_Quota498(buf, pos, end)
     else:
-        raise _union_error(i1598, 2)
-    n1599 = _ZL[buf[pos]]
-    if n1599 < 0:
-        n1599, pos = _rlong(buf, pos)
-        if n1599 < 0:
-            raise _length_error(n1599, end - pos)
+        raise _union_error(i1649, 2)
+    n1650 = _ZL[buf[pos]]
+    if n1650 < 0:
+        n1650, pos = _rlong(buf, pos)
+        if n1650 < 0:
+            raise _length_error(n1650, end - pos)
     else:
         pos += 1
-    q1600 = pos + n1599
-    if q1600 > end:
-        raise _length_error(n1599, end - pos)
-    f_message = buf[pos:q1600].decode()
-    pos = q1600
+    q1651 = pos + n1650
+    if q1651 > end:
+        raise _length_error(n1650, end - pos)
+    f_message = buf[pos:q1651].decode()
+    pos = q1651
     o = _c_QuotaChanged(f_tenant, f_quota, f_previous, f_message)
     return o, pos
 
 
-def _d_PodMigrated1600(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
+def _d_PodMigrated1651(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, int]:
     f_pod_id: str
     f_from_node: str
     f_from_gpus: tuple[Any, ...]
@@ -7203,159 +7439,159 @@ def _d_PodMigrated1600(buf: bytes, pos: int, end: int) -> tuple[_c_PodMigrated, 
     f_to_gpus: tuple[Any, ...]
     f_reason: str
     f_message: str
-    n1602 = _ZL[buf[pos]]
-    if n1602 < 0:
-        n1602, pos = _rlong(buf, pos)
-        if n1602 < 0:
-            raise _length_error(n1602, end - pos)
+    n1653 = _ZL[buf[pos]]
+    if n1653 < 0:
+        n1653, pos = _rlong(buf, pos)
+        if n1653 < 0:
+            raise _length_error(n1653, end - pos)
     else:
         pos += 1
-    q1603 = pos + n1602
-    if q1603 > end:
-        raise _length_error(n1602, end - pos)
-    f_pod_id = buf[pos:q1603].decode()
-    pos = q1603
-    n1604 = _ZL[buf[pos]]
-    if n1604 < 0:
-        n1604, pos = _rlong(buf, pos)
-        if n1604 < 0:
-            raise _length_error(n1604, end - pos)
+    q1654 = pos + n1653
+    if q1654 > end:
+        raise _length_error(n1653, end - pos)
+    f_pod_id = buf[pos:q1654].decode()
+    pos = q1654
+    n1655 = _ZL[buf[pos]]
+    if n1655 < 0:
+        n1655, pos = _rlong(buf, pos)
+        if n1655 < 0:
+            raise _length_error(n1655, end - pos)
     else:
         pos += 1
-    q1605 = pos + n1604
-    if q1605 > end:
-        raise _length_error(n1604, end - pos)
-    f_from_node = buf[pos:q1605].decode()
-    pos = q1605
+    q1656 = pos + n1655
+    if q1656 > end:
+        raise _length_error(n1655, end - pos)
+    f_from_node = buf[pos:q1656].decode()
+    pos = q1656
     if buf[pos] == 0:
         pos += 1
         f_from_gpus = ()
     else:
-        acc1606: list[Any] = []
+        acc1657: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1607 = _ZD[b]
+                c1658 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1607 = (z >> 1) ^ -(z & 1)
+                c1658 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1607 = (z >> 1) ^ -(z & 1)
+                c1658 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1607, pos = _rlong(buf, pos)
-            if c1607 == 0:
+                c1658, pos = _rlong(buf, pos)
+            if c1658 == 0:
                 break
-            if c1607 < 0:
-                c1607 = -c1607
+            if c1658 < 0:
+                c1658 = -c1658
                 b = buf[pos]
                 if b < 128:
-                    z1610 = _ZD[b]
+                    z1661 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1610 = (z >> 1) ^ -(z & 1)
+                    z1661 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1610 = (z >> 1) ^ -(z & 1)
+                    z1661 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1610, pos = _rlong(buf, pos)
-            if c1607 * 2 > end - pos:
-                raise _count_error(c1607, end - pos)
-            for _ in range(c1607):
-                x1608, pos = _d_GpuShare1384(buf, pos, end)
-                acc1606.append(x1608)
-        f_from_gpus = tuple(acc1606)
-    n1611 = _ZL[buf[pos]]
-    if n1611 < 0:
-        n1611, pos = _rlong(buf, pos)
-        if n1611 < 0:
-            raise _length_error(n1611, end - pos)
+                    z1661, pos = _rlong(buf, pos)
+            if c1658 * 2 > end - pos:
+                raise _count_error(c1658, end - pos)
+            for _ in range(c1658):
+                x1659, pos = _d_GpuShare1428(buf, pos, end)
+                acc1657.append(x1659)
+        f_from_gpus = tuple(acc1657)
+    n1662 = _ZL[buf[pos]]
+    if n1662 < 0:
+        n1662, pos = _rlong(buf, pos)
+        if n1662 < 0:
+            raise _length_error(n1662, end - pos)
     else:
         pos += 1
-    q1612 = pos + n1611
-    if q1612 > end:
-        raise _length_error(n1611, end - pos)
-    f_to_node = buf[pos:q1612].decode()
-    pos = q1612
+    q1663 = pos + n1662
+    if q1663 > end:
+        raise _length_error(n1662, end - pos)
+    f_to_node = buf[pos:q1663].decode()
+    pos = q1663
     if buf[pos] == 0:
         pos += 1
         f_to_gpus = ()
     else:
-        acc1613: list[Any] = []
+        acc1664: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1614 = _ZD[b]
+                c1665 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1614 = (z >> 1) ^ -(z & 1)
+                c1665 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1614 = (z >> 1) ^ -(z & 1)
+                c1665 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1614, pos = _rlong(buf, pos)
-            if c1614 == 0:
+                c1665, pos = _rlong(buf, pos)
+            if c1665 == 0:
                 break
-            if c1614 < 0:
-                c1614 = -c1614
+            if c1665 < 0:
+                c1665 = -c1665
                 b = buf[pos]
                 if b < 128:
-                    z1617 = _ZD[b]
+                    z1668 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1617 = (z >> 1) ^ -(z & 1)
+                    z1668 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1617 = (z >> 1) ^ -(z & 1)
+                    z1668 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1617, pos = _rlong(buf, pos)
-            if c1614 * 2 > end - pos:
-                raise _count_error(c1614, end - pos)
-            for _ in range(c1614):
-                x1615, pos = _d_GpuShare1384(buf, pos, end)
-                acc1613.append(x1615)
-        f_to_gpus = tuple(acc1613)
-    n1618 = _ZL[buf[pos]]
-    if n1618 < 0:
-        n1618, pos = _rlong(buf, pos)
-        if n1618 < 0:
-            raise _length_error(n1618, end - pos)
+                    z1668, pos = _rlong(buf, pos)
+            if c1665 * 2 > end - pos:
+                raise _count_error(c1665, end - pos)
+            for _ in range(c1665):
+                x1666, pos = _d_GpuShare1428(buf, pos, end)
+                acc1664.append(x1666)
+        f_to_gpus = tuple(acc1664)
+    n1669 = _ZL[buf[pos]]
+    if n1669 < 0:
+        n1669, pos = _rlong(buf, pos)
+        if n1669 < 0:
+            raise _length_error(n1669, end - pos)
     else:
         pos += 1
-    q1619 = pos + n1618
-    if q1619 > end:
-        raise _length_error(n1618, end - pos)
-    f_reason = buf[pos:q1619].decode()
-    pos = q1619
-    n1620 = _ZL[buf[pos]]
-    if n1620 < 0:
-        n1620, pos = _rlong(buf, pos)
-        if n1620 < 0:
-            raise _length_error(n1620, end - pos)
+    q1670 = pos + n1669
+    if q1670 > end:
+        raise _length_error(n1669, end - pos)
+    f_reason = buf[pos:q1670].decode()
+    pos = q1670
+    n1671 = _ZL[buf[pos]]
+    if n1671 < 0:
+        n1671, pos = _rlong(buf, pos)
+        if n1671 < 0:
+            raise _length_error(n1671, end - pos)
     else:
         pos += 1
-    q1621 = pos + n1620
-    if q1621 > end:
-        raise _length_error(n1620, end - pos)
-    f_message = buf[pos:q1621].decode()
-    pos = q1621
+    q1672 = pos + n1671
+    if q1672 > end:
+        raise _length_error(n1671, end - pos)
+    f_message = buf[pos:q1672].decode()
+    pos = q1672
     o = _c_PodMigrated(f_pod_id, f_from_node, f_from_gpus, f_to_node, f_to_gpus, f_reason, f_message)
     return o, pos
 
 
-def _d_DefragmentationPlanned1621(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
+def _d_DefragmentationPlanned1672(buf: bytes, pos: int, end: int) -> tuple[_c_DefragmentationPlanned, int]:
     f_moves: int
     f_gpus_freed: int
     f_nodes_freed: int
@@ -7405,138 +7641,138 @@ def _d_DefragmentationPlanned1621(buf: bytes, pos: int, end: int) -> tuple[_c_De
         f_nodes_freed, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1623 = _ZD[b]
+        i1674 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1623 = (z >> 1) ^ -(z & 1)
+        i1674 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1623 = (z >> 1) ^ -(z & 1)
+        i1674 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1623, pos = _rlong(buf, pos)
-    if i1623 == 0:
+        i1674, pos = _rlong(buf, pos)
+    if i1674 == 0:
         f_target = None
-    elif i1623 == 1:
-        n1624 = _ZL[buf[pos]]
-        if n1624 < 0:
-            n1624, pos = _rlong(buf, pos)
-            if n1624 < 0:
-                raise _length_error(n1624, end - pos)
+    elif i1674 == 1:
+        n1675 = _ZL[buf[pos]]
+        if n1675 < 0:
+            n1675, pos = _rlong(buf, pos)
+            if n1675 < 0:
+                raise _length_error(n1675, end - pos)
         else:
             pos += 1
-        q1625 = pos + n1624
-        if q1625 > end:
-            raise _length_error(n1624, end - pos)
-        f_target = buf[pos:q1625].decode()
-        pos = q1625
+        q1676 = pos + n1675
+        if q1676 > end:
+            raise _length_error(n1675, end - pos)
+        f_target = buf[pos:q1676].decode()
+        pos = q1676
     else:
-        raise _union_error(i1623, 2)
-    n1626 = _ZL[buf[pos]]
-    if n1626 < 0:
-        n1626, pos = _rlong(buf, pos)
-        if n1626 < 0:
-            raise _length_error(n1626, end - pos)
+        raise _union_error(i1674, 2)
+    n1677 = _ZL[buf[pos]]
+    if n1677 < 0:
+        n1677, pos = _rlong(buf, pos)
+        if n1677 < 0:
+            raise _length_error(n1677, end - pos)
     else:
         pos += 1
-    q1627 = pos + n1626
-    if q1627 > end:
-        raise _length_error(n1626, end - pos)
-    f_message = buf[pos:q1627].decode()
-    pos = q1627
+    q1678 = pos + n1677
+    if q1678 > end:
+        raise _length_error(n1677, end - pos)
+    f_message = buf[pos:q1678].decode()
+    pos = q1678
     o = _c_DefragmentationPlanned(f_moves, f_gpus_freed, f_nodes_freed, f_target, f_message)
     return o, pos
 
 
-def _d_ClusterHalted1627(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
+def _d_ClusterHalted1678(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterHalted, int]:
     f_cluster: str
     f_command_id: str
     f_error: str
     f_message: str
-    n1629 = _ZL[buf[pos]]
-    if n1629 < 0:
-        n1629, pos = _rlong(buf, pos)
-        if n1629 < 0:
-            raise _length_error(n1629, end - pos)
+    n1680 = _ZL[buf[pos]]
+    if n1680 < 0:
+        n1680, pos = _rlong(buf, pos)
+        if n1680 < 0:
+            raise _length_error(n1680, end - pos)
     else:
         pos += 1
-    q1630 = pos + n1629
-    if q1630 > end:
-        raise _length_error(n1629, end - pos)
-    f_cluster = buf[pos:q1630].decode()
-    pos = q1630
-    n1631 = _ZL[buf[pos]]
-    if n1631 < 0:
-        n1631, pos = _rlong(buf, pos)
-        if n1631 < 0:
-            raise _length_error(n1631, end - pos)
+    q1681 = pos + n1680
+    if q1681 > end:
+        raise _length_error(n1680, end - pos)
+    f_cluster = buf[pos:q1681].decode()
+    pos = q1681
+    n1682 = _ZL[buf[pos]]
+    if n1682 < 0:
+        n1682, pos = _rlong(buf, pos)
+        if n1682 < 0:
+            raise _length_error(n1682, end - pos)
     else:
         pos += 1
-    q1632 = pos + n1631
-    if q1632 > end:
-        raise _length_error(n1631, end - pos)
-    f_command_id = buf[pos:q1632].decode()
-    pos = q1632
-    n1633 = _ZL[buf[pos]]
-    if n1633 < 0:
-        n1633, pos = _rlong(buf, pos)
-        if n1633 < 0:
-            raise _length_error(n1633, end - pos)
+    q1683 = pos + n1682
+    if q1683 > end:
+        raise _length_error(n1682, end - pos)
+    f_command_id = buf[pos:q1683].decode()
+    pos = q1683
+    n1684 = _ZL[buf[pos]]
+    if n1684 < 0:
+        n1684, pos = _rlong(buf, pos)
+        if n1684 < 0:
+            raise _length_error(n1684, end - pos)
     else:
         pos += 1
-    q1634 = pos + n1633
-    if q1634 > end:
-        raise _length_error(n1633, end - pos)
-    f_error = buf[pos:q1634].decode()
-    pos = q1634
-    n1635 = _ZL[buf[pos]]
-    if n1635 < 0:
-        n1635, pos = _rlong(buf, pos)
-        if n1635 < 0:
-            raise _length_error(n1635, end - pos)
+    q1685 = pos + n1684
+    if q1685 > end:
+        raise _length_error(n1684, end - pos)
+    f_error = buf[pos:q1685].decode()
+    pos = q1685
+    n1686 = _ZL[buf[pos]]
+    if n1686 < 0:
+        n1686, pos = _rlong(buf, pos)
+        if n1686 < 0:
+            raise _length_error(n1686, end - pos)
     else:
         pos += 1
-    q1636 = pos + n1635
-    if q1636 > end:
-        raise _length_error(n1635, end - pos)
-    f_message = buf[pos:q1636].decode()
-    pos = q1636
+    q1687 = pos + n1686
+    if q1687 > end:
+        raise _length_error(n1686, end - pos)
+    f_message = buf[pos:q1687].decode()
+    pos = q1687
     o = _c_ClusterHalted(f_cluster, f_command_id, f_error, f_message)
     return o, pos
 
 
-def _d_ClusterResumed1636(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
+def _d_ClusterResumed1687(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterResumed, int]:
     f_cluster: str
     f_halted_command_id: str
     f_halted_offset: int
     f_refolded_from: int
     f_message: str
-    n1638 = _ZL[buf[pos]]
-    if n1638 < 0:
-        n1638, pos = _rlong(buf, pos)
-        if n1638 < 0:
-            raise _length_error(n1638, end - pos)
+    n1689 = _ZL[buf[pos]]
+    if n1689 < 0:
+        n1689, pos = _rlong(buf, pos)
+        if n1689 < 0:
+            raise _length_error(n1689, end - pos)
     else:
         pos += 1
-    q1639 = pos + n1638
-    if q1639 > end:
-        raise _length_error(n1638, end - pos)
-    f_cluster = buf[pos:q1639].decode()
-    pos = q1639
-    n1640 = _ZL[buf[pos]]
-    if n1640 < 0:
-        n1640, pos = _rlong(buf, pos)
-        if n1640 < 0:
-            raise _length_error(n1640, end - pos)
+    q1690 = pos + n1689
+    if q1690 > end:
+        raise _length_error(n1689, end - pos)
+    f_cluster = buf[pos:q1690].decode()
+    pos = q1690
+    n1691 = _ZL[buf[pos]]
+    if n1691 < 0:
+        n1691, pos = _rlong(buf, pos)
+        if n1691 < 0:
+            raise _length_error(n1691, end - pos)
     else:
         pos += 1
-    q1641 = pos + n1640
-    if q1641 > end:
-        raise _length_error(n1640, end - pos)
-    f_halted_command_id = buf[pos:q1641].decode()
-    pos = q1641
+    q1692 = pos + n1691
+    if q1692 > end:
+        raise _length_error(n1691, end - pos)
+    f_halted_command_id = buf[pos:q1692].decode()
+    pos = q1692
     b = buf[pos]
     if b < 128:
         f_halted_offset = _ZD[b]
@@ -7565,168 +7801,168 @@ def _d_ClusterResumed1636(buf: bytes, pos: int, end: int) -> tuple[_c_ClusterRes
         pos += 3
     else:
         f_refolded_from, pos = _rlong(buf, pos)
-    n1642 = _ZL[buf[pos]]
-    if n1642 < 0:
-        n1642, pos = _rlong(buf, pos)
-        if n1642 < 0:
-            raise _length_error(n1642, end - pos)
+    n1693 = _ZL[buf[pos]]
+    if n1693 < 0:
+        n1693, pos = _rlong(buf, pos)
+        if n1693 < 0:
+            raise _length_error(n1693, end - pos)
     else:
         pos += 1
-    q1643 = pos + n1642
-    if q1643 > end:
-        raise _length_error(n1642, end - pos)
-    f_message = buf[pos:q1643].decode()
-    pos = q1643
+    q1694 = pos + n1693
+    if q1694 > end:
+        raise _length_error(n1693, end - pos)
+    f_message = buf[pos:q1694].decode()
+    pos = q1694
     o = _c_ClusterResumed(f_cluster, f_halted_command_id, f_halted_offset, f_refolded_from, f_message)
     return o, pos
 
 
-def _d_NodeRecovered1643(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
+def _d_NodeRecovered1694(buf: bytes, pos: int, end: int) -> tuple[_c_NodeRecovered, int]:
     f_node_id: str
-    n1645 = _ZL[buf[pos]]
-    if n1645 < 0:
-        n1645, pos = _rlong(buf, pos)
-        if n1645 < 0:
-            raise _length_error(n1645, end - pos)
+    n1696 = _ZL[buf[pos]]
+    if n1696 < 0:
+        n1696, pos = _rlong(buf, pos)
+        if n1696 < 0:
+            raise _length_error(n1696, end - pos)
     else:
         pos += 1
-    q1646 = pos + n1645
-    if q1646 > end:
-        raise _length_error(n1645, end - pos)
-    f_node_id = buf[pos:q1646].decode()
-    pos = q1646
+    q1697 = pos + n1696
+    if q1697 > end:
+        raise _length_error(n1696, end - pos)
+    f_node_id = buf[pos:q1697].decode()
+    pos = q1697
     o = _c_NodeRecovered(f_node_id)
     return o, pos
 
 
-def _d_NodeUpdated1646(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
+def _d_NodeUpdated1697(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, int]:
     f_node_id: str
     f_labels: dict[str, Any]
     f_taints: tuple[Any, ...]
     f_evicting: int
-    n1648 = _ZL[buf[pos]]
-    if n1648 < 0:
-        n1648, pos = _rlong(buf, pos)
-        if n1648 < 0:
-            raise _length_error(n1648, end - pos)
+    n1699 = _ZL[buf[pos]]
+    if n1699 < 0:
+        n1699, pos = _rlong(buf, pos)
+        if n1699 < 0:
+            raise _length_error(n1699, end - pos)
     else:
         pos += 1
-    q1649 = pos + n1648
-    if q1649 > end:
-        raise _length_error(n1648, end - pos)
-    f_node_id = buf[pos:q1649].decode()
-    pos = q1649
+    q1700 = pos + n1699
+    if q1700 > end:
+        raise _length_error(n1699, end - pos)
+    f_node_id = buf[pos:q1700].decode()
+    pos = q1700
     if buf[pos] == 0:
         pos += 1
         f_labels = {}
     else:
-        acc1650: dict[str, Any] = {}
+        acc1701: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1651 = _ZD[b]
+                c1702 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1651 = (z >> 1) ^ -(z & 1)
+                c1702 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1651 = (z >> 1) ^ -(z & 1)
+                c1702 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1651, pos = _rlong(buf, pos)
-            if c1651 == 0:
+                c1702, pos = _rlong(buf, pos)
+            if c1702 == 0:
                 break
-            if c1651 < 0:
-                c1651 = -c1651
+            if c1702 < 0:
+                c1702 = -c1702
                 b = buf[pos]
                 if b < 128:
-                    z1654 = _ZD[b]
+                    z1705 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1654 = (z >> 1) ^ -(z & 1)
+                    z1705 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1654 = (z >> 1) ^ -(z & 1)
+                    z1705 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1654, pos = _rlong(buf, pos)
-            if c1651 * 2 > end - pos:
-                raise _count_error(c1651, end - pos)
-            for _ in range(c1651):
-                n1655 = _ZL[buf[pos]]
-                if n1655 < 0:
-                    n1655, pos = _rlong(buf, pos)
-                    if n1655 < 0:
-                        raise _length_error(n1655, end - pos)
+                    z1705, pos = _rlong(buf, pos)
+            if c1702 * 2 > end - pos:
+                raise _count_error(c1702, end - pos)
+            for _ in range(c1702):
+                n1706 = _ZL[buf[pos]]
+                if n1706 < 0:
+                    n1706, pos = _rlong(buf, pos)
+                    if n1706 < 0:
+                        raise _length_error(n1706, end - pos)
                 else:
                     pos += 1
-                q1656 = pos + n1655
-                if q1656 > end:
-                    raise _length_error(n1655, end - pos)
-                k1653 = buf[pos:q1656].decode()
-                pos = q1656
-                n1657 = _ZL[buf[pos]]
-                if n1657 < 0:
-                    n1657, pos = _rlong(buf, pos)
-                    if n1657 < 0:
-                        raise _length_error(n1657, end - pos)
+                q1707 = pos + n1706
+                if q1707 > end:
+                    raise _length_error(n1706, end - pos)
+                k1704 = buf[pos:q1707].decode()
+                pos = q1707
+                n1708 = _ZL[buf[pos]]
+                if n1708 < 0:
+                    n1708, pos = _rlong(buf, pos)
+                    if n1708 < 0:
+                        raise _length_error(n1708, end - pos)
                 else:
                     pos += 1
-                q1658 = pos + n1657
-                if q1658 > end:
-                    raise _length_error(n1657, end - pos)
-                x1652 = buf[pos:q1658].decode()
-                pos = q1658
-                acc1650[k1653] = x1652
-        f_labels = acc1650
+                q1709 = pos + n1708
+                if q1709 > end:
+                    raise _length_error(n1708, end - pos)
+                x1703 = buf[pos:q1709].decode()
+                pos = q1709
+                acc1701[k1704] = x1703
+        f_labels = acc1701
     if buf[pos] == 0:
         pos += 1
         f_taints = ()
     else:
-        acc1659: list[Any] = []
+        acc1710: list[Any] = []
         while True:
             b = buf[pos]
             if b < 128:
-                c1660 = _ZD[b]
+                c1711 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1660 = (z >> 1) ^ -(z & 1)
+                c1711 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1660 = (z >> 1) ^ -(z & 1)
+                c1711 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1660, pos = _rlong(buf, pos)
-            if c1660 == 0:
+                c1711, pos = _rlong(buf, pos)
+            if c1711 == 0:
                 break
-            if c1660 < 0:
-                c1660 = -c1660
+            if c1711 < 0:
+                c1711 = -c1711
                 b = buf[pos]
                 if b < 128:
-                    z1663 = _ZD[b]
+                    z1714 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1663 = (z >> 1) ^ -(z & 1)
+                    z1714 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1663 = (z >> 1) ^ -(z & 1)
+                    z1714 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1663, pos = _rlong(buf, pos)
-            if c1660 * 3 > end - pos:
-                raise _count_error(c1660, end - pos)
-            for _ in range(c1660):
-                x1661, pos = _d_Taint402(buf, pos, end)
-                acc1659.append(x1661)
-        f_taints = tuple(acc1659)
+                    z1714, pos = _rlong(buf, pos)
+            if c1711 * 3 > end - pos:
+                raise _count_error(c1711, end - pos)
+            for _ in range(c1711):
+                x1712, pos = _d_Taint413(buf, pos, end)
+                acc1710.append(x1712)
+        f_taints = tuple(acc1710)
     b = buf[pos]
     if b < 128:
         f_evicting = _ZD[b]
@@ -7745,23 +7981,23 @@ def _d_NodeUpdated1646(buf: bytes, pos: int, end: int) -> tuple[_c_NodeUpdated, 
     return o, pos
 
 
-def _d_PodRetryScheduled1663(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
+def _d_PodRetryScheduled1714(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetryScheduled, int]:
     f_pod_id: str
     f_attempt: int
     f_not_before: int
     f_gang_id: Any
-    n1665 = _ZL[buf[pos]]
-    if n1665 < 0:
-        n1665, pos = _rlong(buf, pos)
-        if n1665 < 0:
-            raise _length_error(n1665, end - pos)
+    n1716 = _ZL[buf[pos]]
+    if n1716 < 0:
+        n1716, pos = _rlong(buf, pos)
+        if n1716 < 0:
+            raise _length_error(n1716, end - pos)
     else:
         pos += 1
-    q1666 = pos + n1665
-    if q1666 > end:
-        raise _length_error(n1665, end - pos)
-    f_pod_id = buf[pos:q1666].decode()
-    pos = q1666
+    q1717 = pos + n1716
+    if q1717 > end:
+        raise _length_error(n1716, end - pos)
+    f_pod_id = buf[pos:q1717].decode()
+    pos = q1717
     b = buf[pos]
     if b < 128:
         f_attempt = _ZD[b]
@@ -7792,205 +8028,205 @@ def _d_PodRetryScheduled1663(buf: bytes, pos: int, end: int) -> tuple[_c_PodRetr
         f_not_before, pos = _rlong(buf, pos)
     b = buf[pos]
     if b < 128:
-        i1667 = _ZD[b]
+        i1718 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1667 = (z >> 1) ^ -(z & 1)
+        i1718 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1667 = (z >> 1) ^ -(z & 1)
+        i1718 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1667, pos = _rlong(buf, pos)
-    if i1667 == 0:
+        i1718, pos = _rlong(buf, pos)
+    if i1718 == 0:
         f_gang_id = None
-    elif i1667 == 1:
-        n1668 = _ZL[buf[pos]]
-        if n1668 < 0:
-            n1668, pos = _rlong(buf, pos)
-            if n1668 < 0:
-                raise _length_error(n1668, end - pos)
+    elif i1718 == 1:
+        n1719 = _ZL[buf[pos]]
+        if n1719 < 0:
+            n1719, pos = _rlong(buf, pos)
+            if n1719 < 0:
+                raise _length_error(n1719, end - pos)
         else:
             pos += 1
-        q1669 = pos + n1668
-        if q1669 > end:
-            raise _length_error(n1668, end - pos)
-        f_gang_id = buf[pos:q1669].decode()
-        pos = q1669
+        q1720 = pos + n1719
+        if q1720 > end:
+            raise _length_error(n1719, end - pos)
+        f_gang_id = buf[pos:q1720].decode()
+        pos = q1720
     else:
-        raise _union_error(i1667, 2)
+        raise _union_error(i1718, 2)
     o = _c_PodRetryScheduled(f_pod_id, f_attempt, f_not_before, f_gang_id)
     return o, pos
 
 
-def _d_DisruptionBudgetSet1669(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
+def _d_DisruptionBudgetSet1720(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetSet, int]:
     f_budget_id: str
     f_tenant: Any
     f_gang_id: Any
     f_label_selector: Any
     f_max_unavailable: int
-    n1671 = _ZL[buf[pos]]
-    if n1671 < 0:
-        n1671, pos = _rlong(buf, pos)
-        if n1671 < 0:
-            raise _length_error(n1671, end - pos)
+    n1722 = _ZL[buf[pos]]
+    if n1722 < 0:
+        n1722, pos = _rlong(buf, pos)
+        if n1722 < 0:
+            raise _length_error(n1722, end - pos)
     else:
         pos += 1
-    q1672 = pos + n1671
-    if q1672 > end:
-        raise _length_error(n1671, end - pos)
-    f_budget_id = buf[pos:q1672].decode()
-    pos = q1672
+    q1723 = pos + n1722
+    if q1723 > end:
+        raise _length_error(n1722, end - pos)
+    f_budget_id = buf[pos:q1723].decode()
+    pos = q1723
     b = buf[pos]
     if b < 128:
-        i1673 = _ZD[b]
+        i1724 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1673 = (z >> 1) ^ -(z & 1)
+        i1724 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1673 = (z >> 1) ^ -(z & 1)
+        i1724 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1673, pos = _rlong(buf, pos)
-    if i1673 == 0:
+        i1724, pos = _rlong(buf, pos)
+    if i1724 == 0:
         f_tenant = None
-    elif i1673 == 1:
-        n1674 = _ZL[buf[pos]]
-        if n1674 < 0:
-            n1674, pos = _rlong(buf, pos)
-            if n1674 < 0:
-                raise _length_error(n1674, end - pos)
+    elif i1724 == 1:
+        n1725 = _ZL[buf[pos]]
+        if n1725 < 0:
+            n1725, pos = _rlong(buf, pos)
+            if n1725 < 0:
+                raise _length_error(n1725, end - pos)
         else:
             pos += 1
-        q1675 = pos + n1674
-        if q1675 > end:
-            raise _length_error(n1674, end - pos)
-        f_tenant = buf[pos:q1675].decode()
-        pos = q1675
+        q1726 = pos + n1725
+        if q1726 > end:
+            raise _length_error(n1725, end - pos)
+        f_tenant = buf[pos:q1726].decode()
+        pos = q1726
     else:
-        raise _union_error(i1673, 2)
+        raise _union_error(i1724, 2)
     b = buf[pos]
     if b < 128:
-        i1676 = _ZD[b]
+        i1727 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1676 = (z >> 1) ^ -(z & 1)
+        i1727 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1676 = (z >> 1) ^ -(z & 1)
+        i1727 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1676, pos = _rlong(buf, pos)
-    if i1676 == 0:
+        i1727, pos = _rlong(buf, pos)
+    if i1727 == 0:
         f_gang_id = None
-    elif i1676 == 1:
-        n1677 = _ZL[buf[pos]]
-        if n1677 < 0:
-            n1677, pos = _rlong(buf, pos)
-            if n1677 < 0:
-                raise _length_error(n1677, end - pos)
+    elif i1727 == 1:
+        n1728 = _ZL[buf[pos]]
+        if n1728 < 0:
+            n1728, pos = _rlong(buf, pos)
+            if n1728 < 0:
+                raise _length_error(n1728, end - pos)
         else:
             pos += 1
-        q1678 = pos + n1677
-        if q1678 > end:
-            raise _length_error(n1677, end - pos)
-        f_gang_id = buf[pos:q1678].decode()
-        pos = q1678
+        q1729 = pos + n1728
+        if q1729 > end:
+            raise _length_error(n1728, end - pos)
+        f_gang_id = buf[pos:q1729].decode()
+        pos = q1729
     else:
-        raise _union_error(i1676, 2)
+        raise _union_error(i1727, 2)
     b = buf[pos]
     if b < 128:
-        i1679 = _ZD[b]
+        i1730 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1679 = (z >> 1) ^ -(z & 1)
+        i1730 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1679 = (z >> 1) ^ -(z & 1)
+        i1730 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1679, pos = _rlong(buf, pos)
-    if i1679 == 0:
+        i1730, pos = _rlong(buf, pos)
+    if i1730 == 0:
         f_label_selector = None
-    elif i1679 == 1:
+    elif i1730 == 1:
         if buf[pos] == 0:
             pos += 1
             f_label_selector = {}
         else:
-            acc1680: dict[str, Any] = {}
+            acc1731: dict[str, Any] = {}
             while True:
                 b = buf[pos]
                 if b < 128:
-                    c1681 = _ZD[b]
+                    c1732 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    c1681 = (z >> 1) ^ -(z & 1)
+                    c1732 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    c1681 = (z >> 1) ^ -(z & 1)
+                    c1732 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    c1681, pos = _rlong(buf, pos)
-                if c1681 == 0:
+                    c1732, pos = _rlong(buf, pos)
+                if c1732 == 0:
                     break
-                if c1681 < 0:
-                    c1681 = -c1681
+                if c1732 < 0:
+                    c1732 = -c1732
                     b = buf[pos]
                     if b < 128:
-                        z1684 = _ZD[b]
+                        z1735 = _ZD[b]
                         pos += 1
                     elif (c := buf[pos + 1]) < 128:
                         z = (b & 127) | (c << 7)
-                        z1684 = (z >> 1) ^ -(z & 1)
+                        z1735 = (z >> 1) ^ -(z & 1)
                         pos += 2
                     elif (d := buf[pos + 2]) < 128:
                         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                        z1684 = (z >> 1) ^ -(z & 1)
+                        z1735 = (z >> 1) ^ -(z & 1)
                         pos += 3
                     else:
-                        z1684, pos = _rlong(buf, pos)
-                if c1681 * 2 > end - pos:
-                    raise _count_error(c1681, end - pos)
-                for _ in range(c1681):
-                    n1685 = _ZL[buf[pos]]
-                    if n1685 < 0:
-                        n1685, pos = _rlong(buf, pos)
-                        if n1685 < 0:
-                            raise _length_error(n1685, end - pos)
+                        z1735, pos = _rlong(buf, pos)
+                if c1732 * 2 > end - pos:
+                    raise _count_error(c1732, end - pos)
+                for _ in range(c1732):
+                    n1736 = _ZL[buf[pos]]
+                    if n1736 < 0:
+                        n1736, pos = _rlong(buf, pos)
+                        if n1736 < 0:
+                            raise _length_error(n1736, end - pos)
                     else:
                         pos += 1
-                    q1686 = pos + n1685
-                    if q1686 > end:
-                        raise _length_error(n1685, end - pos)
-                    k1683 = buf[pos:q1686].decode()
-                    pos = q1686
-                    n1687 = _ZL[buf[pos]]
-                    if n1687 < 0:
-                        n1687, pos = _rlong(buf, pos)
-                        if n1687 < 0:
-                            raise _length_error(n1687, end - pos)
+                    q1737 = pos + n1736
+                    if q1737 > end:
+                        raise _length_error(n1736, end - pos)
+                    k1734 = buf[pos:q1737].decode()
+                    pos = q1737
+                    n1738 = _ZL[buf[pos]]
+                    if n1738 < 0:
+                        n1738, pos = _rlong(buf, pos)
+                        if n1738 < 0:
+                            raise _length_error(n1738, end - pos)
                     else:
                         pos += 1
-                    q1688 = pos + n1687
-                    if q1688 > end:
-                        raise _length_error(n1687, end - pos)
-                    x1682 = buf[pos:q1688].decode()
-                    pos = q1688
-                    acc1680[k1683] = x1682
-            f_label_selector = acc1680
+                    q1739 = pos + n1738
+                    if q1739 > end:
+                        raise _length_error(n1738, end - pos)
+                    x1733 = buf[pos:q1739].decode()
+                    pos = q1739
+                    acc1731[k1734] = x1733
+            f_label_selector = acc1731
     else:
-        raise _union_error(i1679, 2)
+        raise _union_error(i1730, 2)
     b = buf[pos]
     if b < 128:
         f_max_unavailable = _ZD[b]
@@ -8009,66 +8245,66 @@ def _d_DisruptionBudgetSet1669(buf: bytes, pos: int, end: int) -> tuple[_c_Disru
     return o, pos
 
 
-def _d_DisruptionBudgetRemoved1688(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
+def _d_DisruptionBudgetRemoved1739(buf: bytes, pos: int, end: int) -> tuple[_c_DisruptionBudgetRemoved, int]:
     f_budget_id: str
-    n1690 = _ZL[buf[pos]]
-    if n1690 < 0:
-        n1690, pos = _rlong(buf, pos)
-        if n1690 < 0:
-            raise _length_error(n1690, end - pos)
+    n1741 = _ZL[buf[pos]]
+    if n1741 < 0:
+        n1741, pos = _rlong(buf, pos)
+        if n1741 < 0:
+            raise _length_error(n1741, end - pos)
     else:
         pos += 1
-    q1691 = pos + n1690
-    if q1691 > end:
-        raise _length_error(n1690, end - pos)
-    f_budget_id = buf[pos:q1691].decode()
-    pos = q1691
+    q1742 = pos + n1741
+    if q1742 > end:
+        raise _length_error(n1741, end - pos)
+    f_budget_id = buf[pos:q1742].decode()
+    pos = q1742
     o = _c_DisruptionBudgetRemoved(f_budget_id)
     return o, pos
 
 
-def _d_EvictionBlocked1691(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
+def _d_EvictionBlocked1742(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionBlocked, int]:
     f_pod_id: str
     f_node_id: str
     f_budget_id: str
     f_grace_ms: int
     f_reason: str
-    n1693 = _ZL[buf[pos]]
-    if n1693 < 0:
-        n1693, pos = _rlong(buf, pos)
-        if n1693 < 0:
-            raise _length_error(n1693, end - pos)
+    n1744 = _ZL[buf[pos]]
+    if n1744 < 0:
+        n1744, pos = _rlong(buf, pos)
+        if n1744 < 0:
+            raise _length_error(n1744, end - pos)
     else:
         pos += 1
-    q1694 = pos + n1693
-    if q1694 > end:
-        raise _length_error(n1693, end - pos)
-    f_pod_id = buf[pos:q1694].decode()
-    pos = q1694
-    n1695 = _ZL[buf[pos]]
-    if n1695 < 0:
-        n1695, pos = _rlong(buf, pos)
-        if n1695 < 0:
-            raise _length_error(n1695, end - pos)
+    q1745 = pos + n1744
+    if q1745 > end:
+        raise _length_error(n1744, end - pos)
+    f_pod_id = buf[pos:q1745].decode()
+    pos = q1745
+    n1746 = _ZL[buf[pos]]
+    if n1746 < 0:
+        n1746, pos = _rlong(buf, pos)
+        if n1746 < 0:
+            raise _length_error(n1746, end - pos)
     else:
         pos += 1
-    q1696 = pos + n1695
-    if q1696 > end:
-        raise _length_error(n1695, end - pos)
-    f_node_id = buf[pos:q1696].decode()
-    pos = q1696
-    n1697 = _ZL[buf[pos]]
-    if n1697 < 0:
-        n1697, pos = _rlong(buf, pos)
-        if n1697 < 0:
-            raise _length_error(n1697, end - pos)
+    q1747 = pos + n1746
+    if q1747 > end:
+        raise _length_error(n1746, end - pos)
+    f_node_id = buf[pos:q1747].decode()
+    pos = q1747
+    n1748 = _ZL[buf[pos]]
+    if n1748 < 0:
+        n1748, pos = _rlong(buf, pos)
+        if n1748 < 0:
+            raise _length_error(n1748, end - pos)
     else:
         pos += 1
-    q1698 = pos + n1697
-    if q1698 > end:
-        raise _length_error(n1697, end - pos)
-    f_budget_id = buf[pos:q1698].decode()
-    pos = q1698
+    q1749 = pos + n1748
+    if q1749 > end:
+        raise _length_error(n1748, end - pos)
+    f_budget_id = buf[pos:q1749].decode()
+    pos = q1749
     b = buf[pos]
     if b < 128:
         f_grace_ms = _ZD[b]
@@ -8083,51 +8319,51 @@ def _d_EvictionBlocked1691(buf: bytes, pos: int, end: int) -> tuple[_c_EvictionB
         pos += 3
     else:
         f_grace_ms, pos = _rlong(buf, pos)
-    n1699 = _ZL[buf[pos]]
-    if n1699 < 0:
-        n1699, pos = _rlong(buf, pos)
-        if n1699 < 0:
-            raise _length_error(n1699, end - pos)
+    n1750 = _ZL[buf[pos]]
+    if n1750 < 0:
+        n1750, pos = _rlong(buf, pos)
+        if n1750 < 0:
+            raise _length_error(n1750, end - pos)
     else:
         pos += 1
-    q1700 = pos + n1699
-    if q1700 > end:
-        raise _length_error(n1699, end - pos)
-    f_reason = buf[pos:q1700].decode()
-    pos = q1700
+    q1751 = pos + n1750
+    if q1751 > end:
+        raise _length_error(n1750, end - pos)
+    f_reason = buf[pos:q1751].decode()
+    pos = q1751
     o = _c_EvictionBlocked(f_pod_id, f_node_id, f_budget_id, f_grace_ms, f_reason)
     return o, pos
 
 
-def _d_PodEvictionScheduled1700(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
+def _d_PodEvictionScheduled1751(buf: bytes, pos: int, end: int) -> tuple[_c_PodEvictionScheduled, int]:
     f_pod_id: str
     f_node_id: str
     f_at: int
     f_respect_budgets: bool
-    n1702 = _ZL[buf[pos]]
-    if n1702 < 0:
-        n1702, pos = _rlong(buf, pos)
-        if n1702 < 0:
-            raise _length_error(n1702, end - pos)
+    n1753 = _ZL[buf[pos]]
+    if n1753 < 0:
+        n1753, pos = _rlong(buf, pos)
+        if n1753 < 0:
+            raise _length_error(n1753, end - pos)
     else:
         pos += 1
-    q1703 = pos + n1702
-    if q1703 > end:
-        raise _length_error(n1702, end - pos)
-    f_pod_id = buf[pos:q1703].decode()
-    pos = q1703
-    n1704 = _ZL[buf[pos]]
-    if n1704 < 0:
-        n1704, pos = _rlong(buf, pos)
-        if n1704 < 0:
-            raise _length_error(n1704, end - pos)
+    q1754 = pos + n1753
+    if q1754 > end:
+        raise _length_error(n1753, end - pos)
+    f_pod_id = buf[pos:q1754].decode()
+    pos = q1754
+    n1755 = _ZL[buf[pos]]
+    if n1755 < 0:
+        n1755, pos = _rlong(buf, pos)
+        if n1755 < 0:
+            raise _length_error(n1755, end - pos)
     else:
         pos += 1
-    q1705 = pos + n1704
-    if q1705 > end:
-        raise _length_error(n1704, end - pos)
-    f_node_id = buf[pos:q1705].decode()
-    pos = q1705
+    q1756 = pos + n1755
+    if q1756 > end:
+        raise _length_error(n1755, end - pos)
+    f_node_id = buf[pos:q1756].decode()
+    pos = q1756
     b = buf[pos]
     if b < 128:
         f_at = _ZD[b]
@@ -8148,7 +8384,7 @@ def _d_PodEvictionScheduled1700(buf: bytes, pos: int, end: int) -> tuple[_c_PodE
     return o, pos
 
 
-def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, int]:
+def _d_CohortQuota1760(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, int]:
     f_cohort: str
     f_parent: Any
     f_nominal_gpus: dict[str, Any]
@@ -8156,135 +8392,135 @@ def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, 
     f_nominal_memory_mib: Any
     f_borrowing_limit_gpus: Any
     f_lending_limit_gpus: Any
-    n1711 = _ZL[buf[pos]]
-    if n1711 < 0:
-        n1711, pos = _rlong(buf, pos)
-        if n1711 < 0:
-            raise _length_error(n1711, end - pos)
+    n1762 = _ZL[buf[pos]]
+    if n1762 < 0:
+        n1762, pos = _rlong(buf, pos)
+        if n1762 < 0:
+            raise _length_error(n1762, end - pos)
     else:
         pos += 1
-    q1712 = pos + n1711
-    if q1712 > end:
-        raise _length_error(n1711, end - pos)
-    f_cohort = buf[pos:q1712].decode()
-    pos = q1712
+    q1763 = pos + n1762
+    if q1763 > end:
+        raise _length_error(n1762, end - pos)
+    f_cohort = buf[pos:q1763].decode()
+    pos = q1763
     b = buf[pos]
     if b < 128:
-        i1713 = _ZD[b]
+        i1764 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1713 = (z >> 1) ^ -(z & 1)
+        i1764 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1713 = (z >> 1) ^ -(z & 1)
+        i1764 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1713, pos = _rlong(buf, pos)
-    if i1713 == 0:
+        i1764, pos = _rlong(buf, pos)
+    if i1764 == 0:
         f_parent = None
-    elif i1713 == 1:
-        n1714 = _ZL[buf[pos]]
-        if n1714 < 0:
-            n1714, pos = _rlong(buf, pos)
-            if n1714 < 0:
-                raise _length_error(n1714, end - pos)
+    elif i1764 == 1:
+        n1765 = _ZL[buf[pos]]
+        if n1765 < 0:
+            n1765, pos = _rlong(buf, pos)
+            if n1765 < 0:
+                raise _length_error(n1765, end - pos)
         else:
             pos += 1
-        q1715 = pos + n1714
-        if q1715 > end:
-            raise _length_error(n1714, end - pos)
-        f_parent = buf[pos:q1715].decode()
-        pos = q1715
+        q1766 = pos + n1765
+        if q1766 > end:
+            raise _length_error(n1765, end - pos)
+        f_parent = buf[pos:q1766].decode()
+        pos = q1766
     else:
-        raise _union_error(i1713, 2)
+        raise _union_error(i1764, 2)
     if buf[pos] == 0:
         pos += 1
         f_nominal_gpus = {}
     else:
-        acc1716: dict[str, Any] = {}
+        acc1767: dict[str, Any] = {}
         while True:
             b = buf[pos]
             if b < 128:
-                c1717 = _ZD[b]
+                c1768 = _ZD[b]
                 pos += 1
             elif (c := buf[pos + 1]) < 128:
                 z = (b & 127) | (c << 7)
-                c1717 = (z >> 1) ^ -(z & 1)
+                c1768 = (z >> 1) ^ -(z & 1)
                 pos += 2
             elif (d := buf[pos + 2]) < 128:
                 z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                c1717 = (z >> 1) ^ -(z & 1)
+                c1768 = (z >> 1) ^ -(z & 1)
                 pos += 3
             else:
-                c1717, pos = _rlong(buf, pos)
-            if c1717 == 0:
+                c1768, pos = _rlong(buf, pos)
+            if c1768 == 0:
                 break
-            if c1717 < 0:
-                c1717 = -c1717
+            if c1768 < 0:
+                c1768 = -c1768
                 b = buf[pos]
                 if b < 128:
-                    z1720 = _ZD[b]
+                    z1771 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    z1720 = (z >> 1) ^ -(z & 1)
+                    z1771 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    z1720 = (z >> 1) ^ -(z & 1)
+                    z1771 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    z1720, pos = _rlong(buf, pos)
-            if c1717 * 2 > end - pos:
-                raise _count_error(c1717, end - pos)
-            for _ in range(c1717):
-                n1721 = _ZL[buf[pos]]
-                if n1721 < 0:
-                    n1721, pos = _rlong(buf, pos)
-                    if n1721 < 0:
-                        raise _length_error(n1721, end - pos)
+                    z1771, pos = _rlong(buf, pos)
+            if c1768 * 2 > end - pos:
+                raise _count_error(c1768, end - pos)
+            for _ in range(c1768):
+                n1772 = _ZL[buf[pos]]
+                if n1772 < 0:
+                    n1772, pos = _rlong(buf, pos)
+                    if n1772 < 0:
+                        raise _length_error(n1772, end - pos)
                 else:
                     pos += 1
-                q1722 = pos + n1721
-                if q1722 > end:
-                    raise _length_error(n1721, end - pos)
-                k1719 = buf[pos:q1722].decode()
-                pos = q1722
+                q1773 = pos + n1772
+                if q1773 > end:
+                    raise _length_error(n1772, end - pos)
+                k1770 = buf[pos:q1773].decode()
+                pos = q1773
                 b = buf[pos]
                 if b < 128:
-                    x1718 = _ZD[b]
+                    x1769 = _ZD[b]
                     pos += 1
                 elif (c := buf[pos + 1]) < 128:
                     z = (b & 127) | (c << 7)
-                    x1718 = (z >> 1) ^ -(z & 1)
+                    x1769 = (z >> 1) ^ -(z & 1)
                     pos += 2
                 elif (d := buf[pos + 2]) < 128:
                     z = (b & 127) | ((c & 127) << 7) | (d << 14)
-                    x1718 = (z >> 1) ^ -(z & 1)
+                    x1769 = (z >> 1) ^ -(z & 1)
                     pos += 3
                 else:
-                    x1718, pos = _rlong(buf, pos)
-                acc1716[k1719] = x1718
-        f_nominal_gpus = acc1716
+                    x1769, pos = _rlong(buf, pos)
+                acc1767[k1770] = x1769
+        f_nominal_gpus = acc1767
     b = buf[pos]
     if b < 128:
-        i1723 = _ZD[b]
+        i1774 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1723 = (z >> 1) ^ -(z & 1)
+        i1774 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1723 = (z >> 1) ^ -(z & 1)
+        i1774 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1723, pos = _rlong(buf, pos)
-    if i1723 == 0:
+        i1774, pos = _rlong(buf, pos)
+    if i1774 == 0:
         f_nominal_cpu_milli = None
-    elif i1723 == 1:
+    elif i1774 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_cpu_milli = _ZD[b]
@@ -8300,24 +8536,24 @@ def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, 
         else:
             f_nominal_cpu_milli, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1723, 2)
+        raise _union_error(i1774, 2)
     b = buf[pos]
     if b < 128:
-        i1724 = _ZD[b]
+        i1775 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1724 = (z >> 1) ^ -(z & 1)
+        i1775 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1724 = (z >> 1) ^ -(z & 1)
+        i1775 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1724, pos = _rlong(buf, pos)
-    if i1724 == 0:
+        i1775, pos = _rlong(buf, pos)
+    if i1775 == 0:
         f_nominal_memory_mib = None
-    elif i1724 == 1:
+    elif i1775 == 1:
         b = buf[pos]
         if b < 128:
             f_nominal_memory_mib = _ZD[b]
@@ -8333,24 +8569,24 @@ def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, 
         else:
             f_nominal_memory_mib, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1724, 2)
+        raise _union_error(i1775, 2)
     b = buf[pos]
     if b < 128:
-        i1725 = _ZD[b]
+        i1776 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1725 = (z >> 1) ^ -(z & 1)
+        i1776 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1725 = (z >> 1) ^ -(z & 1)
+        i1776 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1725, pos = _rlong(buf, pos)
-    if i1725 == 0:
+        i1776, pos = _rlong(buf, pos)
+    if i1776 == 0:
         f_borrowing_limit_gpus = None
-    elif i1725 == 1:
+    elif i1776 == 1:
         b = buf[pos]
         if b < 128:
             f_borrowing_limit_gpus = _ZD[b]
@@ -8366,24 +8602,24 @@ def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, 
         else:
             f_borrowing_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1725, 2)
+        raise _union_error(i1776, 2)
     b = buf[pos]
     if b < 128:
-        i1726 = _ZD[b]
+        i1777 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1726 = (z >> 1) ^ -(z & 1)
+        i1777 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1726 = (z >> 1) ^ -(z & 1)
+        i1777 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1726, pos = _rlong(buf, pos)
-    if i1726 == 0:
+        i1777, pos = _rlong(buf, pos)
+    if i1777 == 0:
         f_lending_limit_gpus = None
-    elif i1726 == 1:
+    elif i1777 == 1:
         b = buf[pos]
         if b < 128:
             f_lending_limit_gpus = _ZD[b]
@@ -8399,80 +8635,80 @@ def _d_CohortQuota1709(buf: bytes, pos: int, end: int) -> tuple[_c_CohortQuota, 
         else:
             f_lending_limit_gpus, pos = _rlong(buf, pos)
     else:
-        raise _union_error(i1726, 2)
+        raise _union_error(i1777, 2)
     o = _c_CohortQuota(f_cohort, f_parent, f_nominal_gpus, f_nominal_cpu_milli, f_nominal_memory_mib, f_borrowing_limit_gpus, f_lending_limit_gpus)
     return o, pos
 
 
-def _d_CohortChanged1705(buf: bytes, pos: int, end: int) -> tuple[_c_CohortChanged, int]:
+def _d_CohortChanged1756(buf: bytes, pos: int, end: int) -> tuple[_c_CohortChanged, int]:
     f_cohort: str
     f_spec: Any
     f_previous: Any
     f_message: str
-    n1707 = _ZL[buf[pos]]
-    if n1707 < 0:
-        n1707, pos = _rlong(buf, pos)
-        if n1707 < 0:
-            raise _length_error(n1707, end - pos)
+    n1758 = _ZL[buf[pos]]
+    if n1758 < 0:
+        n1758, pos = _rlong(buf, pos)
+        if n1758 < 0:
+            raise _length_error(n1758, end - pos)
     else:
         pos += 1
-    q1708 = pos + n1707
-    if q1708 > end:
-        raise _length_error(n1707, end - pos)
-    f_cohort = buf[pos:q1708].decode()
-    pos = q1708
+    q1759 = pos + n1758
+    if q1759 > end:
+        raise _length_error(n1758, end - pos)
+    f_cohort = buf[pos:q1759].decode()
+    pos = q1759
     b = buf[pos]
     if b < 128:
-        i1709 = _ZD[b]
+        i1760 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1709 = (z >> 1) ^ -(z & 1)
+        i1760 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1709 = (z >> 1) ^ -(z & 1)
+        i1760 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1709, pos = _rlong(buf, pos)
-    if i1709 == 0:
+        i1760, pos = _rlong(buf, pos)
+    if i1760 == 0:
         f_spec = None
-    elif i1709 == 1:
-        f_spec, pos = _d_CohortQuota1709(buf, pos, end)
+    elif i1760 == 1:
+        f_spec, pos = _d_CohortQuota1760(buf, pos, end)
     else:
-        raise _union_error(i1709, 2)
+        raise _union_error(i1760, 2)
     b = buf[pos]
     if b < 128:
-        i1727 = _ZD[b]
+        i1778 = _ZD[b]
         pos += 1
     elif (c := buf[pos + 1]) < 128:
         z = (b & 127) | (c << 7)
-        i1727 = (z >> 1) ^ -(z & 1)
+        i1778 = (z >> 1) ^ -(z & 1)
         pos += 2
     elif (d := buf[pos + 2]) < 128:
         z = (b & 127) | ((c & 127) << 7) | (d << 14)
-        i1727 = (z >> 1) ^ -(z & 1)
+        i1778 = (z >> 1) ^ -(z & 1)
         pos += 3
     else:
-        i1727, pos = _rlong(buf, pos)
-    if i1727 == 0:
+        i1778, pos = _rlong(buf, pos)
+    if i1778 == 0:
         f_previous = None
-    elif i1727 == 1:
-        f_previous, pos = _d_CohortQuota1709(buf, pos, end)
+    elif i1778 == 1:
+        f_previous, pos = _d_CohortQuota1760(buf, pos, end)
     else:
-        raise _union_error(i1727, 2)
-    n1728 = _ZL[buf[pos]]
-    if n1728 < 0:
-        n1728, pos = _rlong(buf, pos)
-        if n1728 < 0:
-            raise _length_error(n1728, end - pos)
+        raise _union_error(i1778, 2)
+    n1779 = _ZL[buf[pos]]
+    if n1779 < 0:
+        n1779, pos = _rlong(buf, pos)
+        if n1779 < 0:
+            raise _length_error(n1779, end - pos)
     else:
         pos += 1
-    q1729 = pos + n1728
-    if q1729 > end:
-        raise _length_error(n1728, end - pos)
-    f_message = buf[pos:q1729].decode()
-    pos = q1729
+    q1780 = pos + n1779
+    if q1780 > end:
+        raise _length_error(n1779, end - pos)
+    f_message = buf[pos:q1780].decode()
+    pos = q1780
     o = _c_CohortChanged(f_cohort, f_spec, f_previous, f_message)
     return o, pos
 
@@ -8482,7 +8718,7 @@ def decode_event(frame: Any) -> _c_Event:
         if not isinstance(frame, (bytearray, memoryview)):
             return _slow_event(frame)
         frame = bytes(frame)
-    if frame[:10] != _k1274:
+    if frame[:10] != _k1315:
         return _slow_event(frame)
     buf: bytes = frame
     pos = 10
@@ -8523,30 +8759,30 @@ def decode_event(frame: Any) -> _c_Event:
             pos += 3
         else:
             f_sequence, pos = _rlong(buf, pos)
-        n1276 = _ZL[buf[pos]]
-        if n1276 < 0:
-            n1276, pos = _rlong(buf, pos)
-            if n1276 < 0:
-                raise _length_error(n1276, end - pos)
+        n1317 = _ZL[buf[pos]]
+        if n1317 < 0:
+            n1317, pos = _rlong(buf, pos)
+            if n1317 < 0:
+                raise _length_error(n1317, end - pos)
         else:
             pos += 1
-        q1277 = pos + n1276
-        if q1277 > end:
-            raise _length_error(n1276, end - pos)
-        f_cluster = buf[pos:q1277].decode()
-        pos = q1277
-        n1278 = _ZL[buf[pos]]
-        if n1278 < 0:
-            n1278, pos = _rlong(buf, pos)
-            if n1278 < 0:
-                raise _length_error(n1278, end - pos)
+        q1318 = pos + n1317
+        if q1318 > end:
+            raise _length_error(n1317, end - pos)
+        f_cluster = buf[pos:q1318].decode()
+        pos = q1318
+        n1319 = _ZL[buf[pos]]
+        if n1319 < 0:
+            n1319, pos = _rlong(buf, pos)
+            if n1319 < 0:
+                raise _length_error(n1319, end - pos)
         else:
             pos += 1
-        q1279 = pos + n1278
-        if q1279 > end:
-            raise _length_error(n1278, end - pos)
-        f_command_id = buf[pos:q1279].decode()
-        pos = q1279
+        q1320 = pos + n1319
+        if q1320 > end:
+            raise _length_error(n1319, end - pos)
+        f_command_id = buf[pos:q1320].decode()
+        pos = q1320
         b = buf[pos]
         if b < 128:
             f_command_offset = _ZD[b]
@@ -8577,21 +8813,21 @@ def decode_event(frame: Any) -> _c_Event:
             f_occurred_at, pos = _rlong(buf, pos)
         b = buf[pos]
         if b < 128:
-            i1280 = _ZD[b]
+            i1321 = _ZD[b]
             pos += 1
         elif (c := buf[pos + 1]) < 128:
             z = (b & 127) | (c << 7)
-            i1280 = (z >> 1) ^ -(z & 1)
+            i1321 = (z >> 1) ^ -(z & 1)
             pos += 2
         elif (d := buf[pos + 2]) < 128:
             z = (b & 127) | ((c & 127) << 7) | (d << 14)
-            i1280 = (z >> 1) ^ -(z & 1)
+            i1321 = (z >> 1) ^ -(z & 1)
             pos += 3
         else:
-            i1280, pos = _rlong(buf, pos)
-        if not 0 <= i1280 < 35:
-            raise _union_error(i1280, 35)
-        f_payload, pos = _k1729[i1280](buf, pos, end)
+            i1321, pos = _rlong(buf, pos)
+        if not 0 <= i1321 < 35:
+            raise _union_error(i1321, 35)
+        f_payload, pos = _k1780[i1321](buf, pos, end)
         o = _c_Event(f_partition, f_sequence, f_cluster, f_command_id, f_command_offset, f_occurred_at, f_payload)
     except DecodeError:
         raise
@@ -8614,15 +8850,15 @@ _k172: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k231: dict[type, Callable[[Any], bytes]] = {
+_k237: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k276: dict[type, Callable[[Any], bytes]] = {
+_k287: dict[type, Callable[[Any], bytes]] = {
     _c_QuotaPreemption: _e_QuotaPreemption157,
 }
 
-_k374: dict[type, Callable[[Any], bytes]] = {
+_k385: dict[type, Callable[[Any], bytes]] = {
     _c_AddNode: _e_AddNode10,
     _c_RemoveNode: _e_RemoveNode35,
     _c_CordonNode: _e_CordonNode39,
@@ -8633,31 +8869,27 @@ _k374: dict[type, Callable[[Any], bytes]] = {
     _c_Release: _e_Release104,
     _c_SetPolicy: _e_SetPolicy110,
     _c_SubmitGang: _e_SubmitGang179,
-    _c_ReleaseGang: _e_ReleaseGang235,
-    _c_Tick: _e_Tick241,
-    _c_SetQuota: _e_SetQuota243,
-    _c_RemoveQuota: _e_RemoveQuota278,
-    _c_Defragment: _e_Defragment282,
-    _c_ResumeCluster: _e_ResumeCluster291,
-    _c_RecoverNode: _e_RecoverNode295,
-    _c_UpdateNode: _e_UpdateNode299,
-    _c_SetDisruptionBudget: _e_SetDisruptionBudget313,
-    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget335,
-    _c_SetCohort: _e_SetCohort339,
-    _c_RemoveCohort: _e_RemoveCohort370,
+    _c_ReleaseGang: _e_ReleaseGang246,
+    _c_Tick: _e_Tick252,
+    _c_SetQuota: _e_SetQuota254,
+    _c_RemoveQuota: _e_RemoveQuota289,
+    _c_Defragment: _e_Defragment293,
+    _c_ResumeCluster: _e_ResumeCluster302,
+    _c_RecoverNode: _e_RecoverNode306,
+    _c_UpdateNode: _e_UpdateNode310,
+    _c_SetDisruptionBudget: _e_SetDisruptionBudget324,
+    _c_RemoveDisruptionBudget: _e_RemoveDisruptionBudget346,
+    _c_SetCohort: _e_SetCohort350,
+    _c_RemoveCohort: _e_RemoveCohort381,
 }
 
-_k667: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode383, _d_RemoveNode409, _d_CordonNode412, _d_UncordonNode415, _d_DrainNode418, _d_MarkNodeFailed421, _d_SubmitPod426, _d_Release475, _d_SetPolicy480, _d_SubmitGang512, _d_ReleaseGang569, _d_Tick574, _d_SetQuota575, _d_RemoveQuota593, _d_Defragment596, _d_ResumeCluster600, _d_RecoverNode603, _d_UpdateNode606, _d_SetDisruptionBudget625, _d_RemoveDisruptionBudget644, _d_SetCohort647, _d_RemoveCohort664,)
+_k688: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_AddNode394, _d_RemoveNode420, _d_CordonNode423, _d_UncordonNode426, _d_DrainNode429, _d_MarkNodeFailed432, _d_SubmitPod437, _d_Release486, _d_SetPolicy491, _d_SubmitGang523, _d_ReleaseGang590, _d_Tick595, _d_SetQuota596, _d_RemoveQuota614, _d_Defragment617, _d_ResumeCluster621, _d_RecoverNode624, _d_UpdateNode627, _d_SetDisruptionBudget646, _d_RemoveDisruptionBudget665, _d_SetCohort668, _d_RemoveCohort685,)
 
-_k750: dict[type, Callable[[Any], bytes]] = {
+_k771: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k796: dict[type, Callable[[Any], bytes]] = {
-    _c_Retry: _e_Retry97,
-}
-
-_k906: dict[type, Callable[[Any], bytes]] = {
+_k823: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
@@ -8665,67 +8897,71 @@ _k939: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k999: dict[type, Callable[[Any], bytes]] = {
+_k978: dict[type, Callable[[Any], bytes]] = {
     _c_Retry: _e_Retry97,
 }
 
-_k1109: dict[type, Callable[[Any], bytes]] = {
+_k1039: dict[type, Callable[[Any], bytes]] = {
+    _c_Retry: _e_Retry97,
+}
+
+_k1150: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1112: dict[type, Callable[[Any], bytes]] = {
+_k1153: dict[type, Callable[[Any], bytes]] = {
     _c_Quota: _e_Quota122,
 }
 
-_k1266: dict[type, Callable[[Any], bytes]] = {
-    _c_CohortQuota: _e_CohortQuota1235,
+_k1307: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1276,
 }
 
-_k1269: dict[type, Callable[[Any], bytes]] = {
-    _c_CohortQuota: _e_CohortQuota1235,
+_k1310: dict[type, Callable[[Any], bytes]] = {
+    _c_CohortQuota: _e_CohortQuota1276,
 }
 
-_k1273: dict[type, Callable[[Any], bytes]] = {
-    _c_NodeAdded: _e_NodeAdded679,
-    _c_NodeRemoved: _e_NodeRemoved691,
-    _c_NodeCordoned: _e_NodeCordoned695,
-    _c_NodeUncordoned: _e_NodeUncordoned699,
-    _c_NodeDrained: _e_NodeDrained703,
-    _c_NodeFailed: _e_NodeFailed708,
-    _c_PodQueued: _e_PodQueued715,
-    _c_PodScheduled: _e_PodScheduled761,
-    _c_PodEvicted: _e_PodEvicted812,
-    _c_PodReleased: _e_PodReleased820,
-    _c_PolicyChanged: _e_PolicyChanged832,
-    _c_CommandRejected: _e_CommandRejected850,
-    _c_GangQueued: _e_GangQueued860,
-    _c_GangScheduled: _e_GangScheduled949,
-    _c_GangTimedOut: _e_GangTimedOut1023,
-    _c_GangReleased: _e_GangReleased1030,
-    _c_PodTimeLimitReached: _e_PodTimeLimitReached1037,
-    _c_NodesReserved: _e_NodesReserved1050,
-    _c_ReservationReleased: _e_ReservationReleased1064,
-    _c_DependencyFailed: _e_DependencyFailed1075,
-    _c_Ticked: _e_Ticked1085,
-    _c_PodPreempted: _e_PodPreempted1088,
-    _c_QuotaChanged: _e_QuotaChanged1100,
-    _c_PodMigrated: _e_PodMigrated1116,
-    _c_DefragmentationPlanned: _e_DefragmentationPlanned1130,
-    _c_ClusterHalted: _e_ClusterHalted1143,
-    _c_ClusterResumed: _e_ClusterResumed1153,
-    _c_NodeRecovered: _e_NodeRecovered1163,
-    _c_NodeUpdated: _e_NodeUpdated1167,
-    _c_PodRetryScheduled: _e_PodRetryScheduled1174,
-    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1186,
-    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1208,
-    _c_EvictionBlocked: _e_EvictionBlocked1212,
-    _c_PodEvictionScheduled: _e_PodEvictionScheduled1223,
-    _c_CohortChanged: _e_CohortChanged1230,
+_k1314: dict[type, Callable[[Any], bytes]] = {
+    _c_NodeAdded: _e_NodeAdded700,
+    _c_NodeRemoved: _e_NodeRemoved712,
+    _c_NodeCordoned: _e_NodeCordoned716,
+    _c_NodeUncordoned: _e_NodeUncordoned720,
+    _c_NodeDrained: _e_NodeDrained724,
+    _c_NodeFailed: _e_NodeFailed729,
+    _c_PodQueued: _e_PodQueued736,
+    _c_PodScheduled: _e_PodScheduled788,
+    _c_PodEvicted: _e_PodEvicted845,
+    _c_PodReleased: _e_PodReleased853,
+    _c_PolicyChanged: _e_PolicyChanged865,
+    _c_CommandRejected: _e_CommandRejected883,
+    _c_GangQueued: _e_GangQueued893,
+    _c_GangScheduled: _e_GangScheduled989,
+    _c_GangTimedOut: _e_GangTimedOut1064,
+    _c_GangReleased: _e_GangReleased1071,
+    _c_PodTimeLimitReached: _e_PodTimeLimitReached1078,
+    _c_NodesReserved: _e_NodesReserved1091,
+    _c_ReservationReleased: _e_ReservationReleased1105,
+    _c_DependencyFailed: _e_DependencyFailed1116,
+    _c_Ticked: _e_Ticked1126,
+    _c_PodPreempted: _e_PodPreempted1129,
+    _c_QuotaChanged: _e_QuotaChanged1141,
+    _c_PodMigrated: _e_PodMigrated1157,
+    _c_DefragmentationPlanned: _e_DefragmentationPlanned1171,
+    _c_ClusterHalted: _e_ClusterHalted1184,
+    _c_ClusterResumed: _e_ClusterResumed1194,
+    _c_NodeRecovered: _e_NodeRecovered1204,
+    _c_NodeUpdated: _e_NodeUpdated1208,
+    _c_PodRetryScheduled: _e_PodRetryScheduled1215,
+    _c_DisruptionBudgetSet: _e_DisruptionBudgetSet1227,
+    _c_DisruptionBudgetRemoved: _e_DisruptionBudgetRemoved1249,
+    _c_EvictionBlocked: _e_EvictionBlocked1253,
+    _c_PodEvictionScheduled: _e_PodEvictionScheduled1264,
+    _c_CohortChanged: _e_CohortChanged1271,
 }
 
-_k1729: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1280, _d_NodeRemoved1299, _d_NodeCordoned1302, _d_NodeUncordoned1305, _d_NodeDrained1308, _d_NodeFailed1311, _d_PodQueued1316, _d_PodScheduled1376, _d_PodEvicted1401, _d_PodReleased1408, _d_PolicyChanged1416, _d_CommandRejected1425, _d_GangQueued1434, _d_GangScheduled1482, _d_GangTimedOut1515, _d_GangReleased1520, _d_PodTimeLimitReached1532, _d_NodesReserved1540, _d_ReservationReleased1555, _d_DependencyFailed1571, _d_Ticked1580, _d_PodPreempted1581, _d_QuotaChanged1592, _d_PodMigrated1600, _d_DefragmentationPlanned1621, _d_ClusterHalted1627, _d_ClusterResumed1636, _d_NodeRecovered1643, _d_NodeUpdated1646, _d_PodRetryScheduled1663, _d_DisruptionBudgetSet1669, _d_DisruptionBudgetRemoved1688, _d_EvictionBlocked1691, _d_PodEvictionScheduled1700, _d_CohortChanged1705,)
+_k1780: tuple[Callable[[bytes, int, int], tuple[Any, int]], ...] = (_d_NodeAdded1321, _d_NodeRemoved1340, _d_NodeCordoned1343, _d_NodeUncordoned1346, _d_NodeDrained1349, _d_NodeFailed1352, _d_PodQueued1357, _d_PodScheduled1420, _d_PodEvicted1445, _d_PodReleased1452, _d_PolicyChanged1460, _d_CommandRejected1469, _d_GangQueued1478, _d_GangScheduled1533, _d_GangTimedOut1566, _d_GangReleased1571, _d_PodTimeLimitReached1583, _d_NodesReserved1591, _d_ReservationReleased1606, _d_DependencyFailed1622, _d_Ticked1631, _d_PodPreempted1632, _d_QuotaChanged1643, _d_PodMigrated1651, _d_DefragmentationPlanned1672, _d_ClusterHalted1678, _d_ClusterResumed1687, _d_NodeRecovered1694, _d_NodeUpdated1697, _d_PodRetryScheduled1714, _d_DisruptionBudgetSet1720, _d_DisruptionBudgetRemoved1739, _d_EvictionBlocked1742, _d_PodEvictionScheduled1751, _d_CohortChanged1756,)
 
 decode_command = decode_command
 decode_event = decode_event
 encode_command = _e_Command0
-encode_event = _e_Event668
+encode_event = _e_Event689

@@ -381,6 +381,42 @@ def check_submit_gang(command: SubmitGang, modes: tuple[str, ...] = PREEMPTION_M
         raise Rejected(
             RejectionCode.INVALID_COMMAND, f"disruption must be one of {DISRUPTION_MODES}, got {command.disruption!r}"
         )
+    if command.min_members_per_role or any(member.role is not None for member in command.members):
+        check_roles(command)
+
+
+def check_roles(command: SubmitGang) -> None:
+    """``min_members_per_role`` (contract v4, Volcano's ``minTaskMember``): each role it names is some member's
+    ``role``, its minimum is 0 to that role's member count, and the minimums sum to at most ``min_members``
+    (default: every member), so that some set of members meets them all. INVALID_COMMAND otherwise."""
+    members: dict[str, int] = {}
+    for member in command.members:
+        if member.role is not None:
+            check_id("member role", member.role)
+            members[member.role] = members.get(member.role, 0) + 1
+    total = 0
+    for role in sorted(command.min_members_per_role):
+        minimum = command.min_members_per_role[role]
+        if role not in members:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                f"min_members_per_role names role {role!r}, which no member of gang {command.gang_id!r} has; "
+                f"its members' roles: {sorted(members)}",
+            )
+        if not 0 <= minimum <= members[role]:
+            raise Rejected(
+                RejectionCode.INVALID_COMMAND,
+                f"min_members_per_role[{role!r}] must be between 0 and the {members[role]} member(s) of role "
+                f"{role!r} in gang {command.gang_id!r}, got {minimum!r}",
+            )
+        total += minimum
+    wanted = command.min_members if command.min_members is not None else len(command.members)
+    if total > wanted:
+        raise Rejected(
+            RejectionCode.INVALID_COMMAND,
+            f"min_members_per_role of gang {command.gang_id!r} sum to {total}, more than its min_members {wanted}: "
+            "raise min_members to at least their sum",
+        )
 
 
 def check_release_gang(command: ReleaseGang) -> None:

@@ -6,6 +6,7 @@ duplicates, unknown ids, busy nodes and releases of released pods happen often.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -507,10 +508,27 @@ def shared_pods(draw: st.DrawFn, ids: tuple[str, ...] = POD_IDS) -> SubmitPod:
 @st.composite
 def shared_gangs(draw: st.DrawFn) -> SubmitGang:
     gang_id = draw(st.sampled_from(GANG_IDS[:2]))
+    roles = draw(st.booleans())  # contract v4: members with roles and a minimum per role (all valid)
     members = tuple(
-        GangMember(f"{gang_id}-{i}", *draw(st.sampled_from(((2, 1000), (1, 1000), (1, 500)))), cpu_milli=1000)
-        for i in range(draw(st.integers(1, 2)))
+        GangMember(
+            f"{gang_id}-{i}",
+            *draw(st.sampled_from(((2, 1000), (1, 1000), (1, 500)))),
+            cpu_milli=1000,
+            role=draw(st.sampled_from(("ps", "worker"))) if roles else None,
+        )
+        for i in range(draw(st.integers(1, 3 if roles else 2)))
     )
+    min_members = draw(st.sampled_from((None, None, 1, 2)))
+    if min_members is not None and min_members > len(members):
+        min_members = None
+    per_role: dict[str, int] = {}
+    if roles:
+        budget = min_members if min_members is not None else len(members)
+        for role in ("ps", "worker"):
+            have = sum(1 for m in members if m.role == role)
+            if have:
+                per_role[role] = min(budget, draw(st.integers(0, have)))
+                budget -= per_role[role]
     return SubmitGang(
         gang_id,
         tenant=draw(st.sampled_from(TENANTS)),
@@ -518,9 +536,11 @@ def shared_gangs(draw: st.DrawFn) -> SubmitGang:
         members=members,
         topology_required=draw(st.sampled_from((None, None, "topology/rack"))),
         preemption=draw(st.sampled_from(("lower_priority", "never"))),
-        min_members=draw(st.sampled_from((None, None, 1))),
+        min_members=min_members,
         timeout_ms=draw(st.sampled_from((None, None, 30_000))),
         preemptible=draw(st.sampled_from((True, True, False))),
+        disruption=draw(st.sampled_from(("all", "above_min"))) if roles else "all",
+        min_members_per_role=per_role,
     )
 
 
@@ -600,6 +620,7 @@ def preemption_streams(draw: st.DrawFn) -> list[Command]:
             gang.members = tuple(
                 GangMember(f"g0-{i}", m.num_gpu, m.gpu_milli, m.cpu_milli) for i, m in enumerate(gang.members)
             )
+            gang.min_members_per_role, gang.disruption = {}, "all"  # the exhaustive search knows no roles
             bodies.append(gang)
         elif roll == "release":
             bodies.append(Release(draw(st.sampled_from(PREEMPTION_PODS))))
@@ -656,6 +677,13 @@ def retrying_gangs(draw: st.DrawFn) -> SubmitGang:
     """A gang of ``submit_gangs`` with a retry policy or none (``SubmitGang.retry``)."""
     gang = draw(submit_gangs())
     gang.retry = draw(st.sampled_from((None, Retry(1, 1_000, 1_000), Retry(3, 2_000, 5_000))))
+    if len(gang.members) > 1 and draw(st.booleans()):  # contract v4: roles, a minimum per role, above_min
+        gang.members = tuple(
+            dataclasses.replace(m, role="worker" if i % 2 else "ps") for i, m in enumerate(gang.members)
+        )
+        gang.min_members = draw(st.sampled_from((None, 1, 2)))
+        gang.min_members_per_role = {"worker": 1} if gang.min_members != 1 else draw(st.sampled_from(({}, {"ps": 1})))
+        gang.disruption = draw(st.sampled_from(("all", "above_min")))
     return gang
 
 

@@ -553,6 +553,15 @@ def _applied_gang_scheduled(state: PartitionState, cluster: ClusterState, event:
         raise InvariantViolation(f"gang {gang.gang_id!r} scheduled while running")
     if len(event.members) < gang.spec.min_members:
         raise InvariantViolation(f"gang {gang.gang_id!r} scheduled with {len(event.members)} < min_members")
+    if gang.spec.min_members_per_role:
+        placed = {member.pod_id for member in event.members}
+        counts: dict[str, int] = {}
+        for member in gang.spec.members:
+            if member.pod_id in placed and member.role is not None:
+                counts[member.role] = counts.get(member.role, 0) + 1
+        for role, minimum in gang.spec.min_members_per_role.items():
+            if counts.get(role, 0) < minimum:
+                raise InvariantViolation(f"gang {gang.gang_id!r} scheduled with role {role!r} below its minimum")
     gang.state = GANG_RUNNING
     gang.placed = dict.fromkeys(member.pod_id for member in event.members)
     gang.started_at = now

@@ -43,13 +43,21 @@ def unavailable(cluster: ClusterState, budget: DisruptionBudgetSet) -> int:
 
 def leaving_with(cluster: ClusterState, pod: Pod) -> list[PodSpec]:
     """What becomes unavailable if the pod is evicted: the pod, or every running member of its gang when the gang
-    would have fewer than ``min_members`` left (it goes back to the queue whole). O(M) for a gang's M members."""
+    would have fewer than ``min_members`` left, or its role fewer than its ``min_members_per_role`` (it goes back to
+    the queue whole). O(M) for a gang's M members."""
     gang_id = pod.spec.gang_id
     if gang_id is None:
         return [pod.spec]
     gang = cluster.gangs.get(gang_id)
-    if gang is None or gang.state != GANG_RUNNING or len(gang.placed) - 1 >= gang.spec.min_members:
+    if gang is None or gang.state != GANG_RUNNING:
         return [pod.spec]
+    if len(gang.placed) - 1 >= gang.spec.min_members:
+        minimums = gang.spec.min_members_per_role
+        role = pod.spec.role
+        if role is None or role not in minimums:
+            return [pod.spec]
+        if sum(1 for member in gang.placed if cluster.pods[member].spec.role == role) - 1 >= minimums[role]:
+            return [pod.spec]  # its role keeps its min_members_per_role too
     return [cluster.pods[member].spec for member in sorted(gang.placed)]
 
 

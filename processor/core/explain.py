@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from processor.core import node_victims, preemption, preemption_plans, quotas, reservations
+from processor.core import gangs, node_victims, preemption, preemption_plans, quotas, reservations
 from processor.core.reasons import queue_reasons
 from processor.core.resources import NodeClass, PodShape, Signature, class_admits, first_misfit, gpu_memory_fits
 from processor.core.state import (
@@ -287,8 +287,9 @@ def _waiting_member(cluster: ClusterState, pod: Pod, gang: Gang, now: int) -> Ex
     first reason saying whose member it is."""
     result = _pending(cluster, pod, now)
     spec = gang.spec
+    role = "" if pod.spec.role is None else f" (role {pod.spec.role!r})"
     words = (
-        f"member of gang {gang.gang_id!r}, which runs {len(gang.placed)} of {len(spec.members)} members "
+        f"member{role} of gang {gang.gang_id!r}, which runs {len(gang.placed)} of {len(spec.members)} members "
         f"(min_members {spec.min_members}): it starts when it fits"
     )
     result.reasons.insert(0, _reason(QueueReasonCode.GANG_MEMBER_WAITING, 0, words))
@@ -650,6 +651,7 @@ def gang_json(cluster: ClusterState, gang: Gang) -> dict[str, Any]:
                 "cpu_milli": member.cpu_milli,
                 "memory_mib": member.memory_mib,
                 "node_id": pod.node_id if pod is not None else None,
+                "role": member.role,
             }
         )
     state = _GANG_STATES.get(gang.state, gang.state)
@@ -659,6 +661,7 @@ def gang_json(cluster: ClusterState, gang: Gang) -> dict[str, Any]:
         "priority": spec.priority,
         "state": state,
         "min_members": spec.min_members,
+        "min_members_per_role": dict(spec.min_members_per_role),
         "members": members,
         "placed": len(gang.placed),
         "topology_required": spec.topology_required,
@@ -692,6 +695,16 @@ def gang_reasons(cluster: ClusterState, gang: Gang, now: int) -> list[dict[str, 
         if not cluster.index.feasible(usable):
             missing.append((member, usable))
     fitting = len(spec.members) - len(missing)
+    if spec.min_members_per_role:  # contract v4: the role that is short, if one is (members that fit on their own)
+        absent = {m.pod_id for m, _ in missing}
+        short = gangs.role_short(spec, [m for m in spec.members if m.pod_id not in absent])
+        if short is not None:
+            role = short[0]
+            message = f"{gangs.short_words(short)} (members that fit some node on their own now; min_members_per_role)"
+            reasons.append(_reason(QueueReasonCode.GANG_DOES_NOT_FIT, 0, message))
+            usable = next(u for m, u in missing if m.role == role)
+            reasons.extend(live_reasons(cluster, usable))
+            return reasons
     if missing:
         member, usable = missing[0]
         names = ", ".join(repr(m.pod_id) for m, _ in missing[:5]) + (" ..." if len(missing) > 5 else "")
@@ -703,8 +716,11 @@ def gang_reasons(cluster: ClusterState, gang: Gang, now: int) -> list[dict[str, 
         reasons.extend(live_reasons(cluster, usable))
     elif not reasons:
         where = f" within one {spec.topology_required} domain" if spec.topology_required else ""
+        roles = ""
+        if spec.min_members_per_role:
+            roles = " with " + ", ".join(f"{n} of role {r!r}" for r, n in sorted(spec.min_members_per_role.items()))
         message = (
-            f"each member fits some node on its own, but not all {spec.min_members} at once{where} "
+            f"each member fits some node on its own, but not all {spec.min_members}{roles} at once{where} "
             "(they compete for the same nodes)"
         )
         reasons.append(_reason(QueueReasonCode.GANG_DOES_NOT_FIT, 0, message))

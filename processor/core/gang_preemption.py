@@ -107,6 +107,8 @@ def _gang_in(
             placed.append((member, choice))
         if len(placed) < spec.min_members or not units:
             return None
+        if spec.min_members_per_role and gangs.role_short(spec, [member for member, _ in placed]) is not None:
+            return None
         where = f"{key}={value}" if key is not None else f"cluster {cluster.name!r}"
         message = f"placed {len(placed)} of {len(members)} member(s) on {where} by preempting lower-priority pods"
         ordered = sorted(units.values(), key=lambda unit: unit.key)

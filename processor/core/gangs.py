@@ -18,6 +18,7 @@ for M members over the S_d signature groups of the domain; never a scan of the n
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from processor.core import reservations
@@ -32,6 +33,10 @@ from schemas.events import GangSpec, PodSpec, QueueReason
 
 TOPOLOGY_LEVELS = ("topology/nvlink", "topology/rack", "topology/block")
 """Topology label keys from the tightest domain to the widest: where ``topology_preferred`` falls back."""
+
+
+Best = tuple[int, str | None, str | None, PodSpec | None, tuple[str, int, int] | None]
+"""The trial that placed the most members: (placed, key, value, the first member missing, the role short)."""
 
 
 @dataclass(slots=True)
@@ -64,6 +69,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
             AFTER_OK,
             preemption,
             preemptible=command.preemptible,
+            role=member.role,
         )
         for member in command.members
     )
@@ -85,6 +91,7 @@ def gang_spec(command: SubmitGang, now: int, arrival: int, preemption: str) -> G
         command.retry,
         preemptible=command.preemptible,
         disruption=command.disruption,
+        min_members_per_role={role: n for role, n in sorted(command.min_members_per_role.items()) if n > 0},
     )
 
 
@@ -129,8 +136,60 @@ def never_fits(cluster: ClusterState, spec: GangSpec) -> str | None:
 
 
 def ordered_members(spec: GangSpec) -> list[PodSpec]:
-    """Largest first (GPU milli, CPU, memory), then id: big members pick nodes while the choice is widest."""
-    return sorted(spec.members, key=lambda m: (-m.num_gpu * m.gpu_milli, -m.cpu_milli, -m.memory_mib, m.pod_id))
+    """Largest first (GPU milli, CPU, memory), then id: big members pick nodes while the choice is widest.
+
+    With ``min_members_per_role`` (contract v4), the members each role needs at least (its largest) come first,
+    so that the others do not take the room a role's minimum needs; a later member of a role stands in for one of
+    them that did not fit."""
+    ordered = sorted(spec.members, key=lambda m: (-m.num_gpu * m.gpu_milli, -m.cpu_milli, -m.memory_mib, m.pod_id))
+    minimums = spec.min_members_per_role
+    if not minimums:
+        return ordered
+    taken: dict[str, int] = {}
+    first: list[PodSpec] = []
+    rest: list[PodSpec] = []
+    for member in ordered:
+        role = member.role
+        if role is not None and taken.get(role, 0) < minimums.get(role, 0):
+            taken[role] = taken.get(role, 0) + 1
+            first.append(member)
+        else:
+            rest.append(member)
+    return first + rest
+
+
+def role_counts(specs: Iterable[PodSpec]) -> dict[str, int]:
+    """How many of these members each role has (members without a role are not counted). O(M)."""
+    counts: dict[str, int] = {}
+    for spec in specs:
+        role = spec.role
+        if role is not None:
+            counts[role] = counts.get(role, 0) + 1
+    return counts
+
+
+def role_short(spec: GangSpec, specs: Iterable[PodSpec]) -> tuple[str, int, int] | None:
+    """The first role (by name) that these members leave below its ``min_members_per_role``: (role, needed,
+    present); None if every role has its minimum (always, for a gang without roles). O(M + R)."""
+    minimums = spec.min_members_per_role
+    if not minimums:
+        return None
+    counts = role_counts(specs)
+    for role in sorted(minimums):
+        if counts.get(role, 0) < minimums[role]:
+            return (role, minimums[role], counts.get(role, 0))
+    return None
+
+
+def enough(spec: GangSpec, specs: list[PodSpec]) -> bool:
+    """Whether these members may run as the gang: at least ``min_members`` and each role's minimum. O(M)."""
+    return len(specs) >= spec.min_members and role_short(spec, specs) is None
+
+
+def short_words(short: tuple[str, int, int]) -> str:
+    """``role 'worker' needs 4, 2 fit``."""
+    role, needed, present = short
+    return f"role {role!r} needs {needed}, {present} fit"
 
 
 def levels(spec: GangSpec) -> list[str | None]:
@@ -222,7 +281,7 @@ def try_place(
     members = ordered_members(spec)
     shapes = [reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in members]
     demand = Demand(members, spec.min_members)
-    best: tuple[int, str | None, str | None, PodSpec | None] | None = None  # (placed, key, value, missing)
+    best: Best | None = None
     too_small: list[tuple[str, str, DomainFree]] = []
     key: str | None
     value: str | None
@@ -241,14 +300,15 @@ def try_place(
         for candidate in candidates:
             value = candidate
             placed, missing = _trial(cluster, members, shapes, key, value, policy, spec.min_members)
-            if len(placed) >= spec.min_members:
+            short = role_short(spec, [member for member, _ in placed])
+            if len(placed) >= spec.min_members and short is None:
                 where = f"{key}={value}" if key is not None else f"cluster {cluster.name!r}"
                 message = f"placed {len(placed)} of {len(members)} member(s) on {where}"
                 if key is not None:
                     message += " (the fitting domain with the least capacity left over)"
                 return GangPlacement(placed, key, value, message)
             if best is None or len(placed) > best[0]:
-                best = (len(placed), key, value, missing)
+                best = (len(placed), key, value, missing, short)
     return _reasons(cluster, spec, members, best, too_small)
 
 
@@ -256,7 +316,7 @@ def _reasons(
     cluster: ClusterState,
     spec: GangSpec,
     members: list[PodSpec],
-    best: tuple[int, str | None, str | None, PodSpec | None] | None,
+    best: Best | None,
     too_small: list[tuple[str, str, DomainFree]],
 ) -> tuple[QueueReason, ...]:
     reasons: list[QueueReason] = []
@@ -275,13 +335,23 @@ def _reasons(
             message = f"no schedulable node has the label {' or '.join(keys)}"
         reasons.append(QueueReason(QueueReasonCode.TOPOLOGY_DOMAIN_TOO_SMALL, 0, message))
         return tuple(reasons)
-    placed, best_key, best_value, missing = best
+    placed, best_key, best_value, missing, short = best
     where = f"{best_key}={best_value}" if best_key is not None else f"cluster {cluster.name!r}"
     first = missing if missing is not None else members[0]
-    message = (
-        f"at most {placed} of the {spec.min_members} member(s) it needs fit at once ({where} came closest); "
-        f"member {first.pod_id!r} ({describe(first)}) fits no node left there"
-    )
+    if placed >= spec.min_members and short is not None:  # enough members, not of the roles it needs
+        role = short[0]
+        first = next((m for m in members if m.role == role), first)
+        message = (
+            f"{short_words(short)} at once ({where} came closest, min_members_per_role); "
+            f"the others of role {role!r} ({describe(first)}) fit no node left there"
+        )
+    else:
+        message = (
+            f"at most {placed} of the {spec.min_members} member(s) it needs fit at once ({where} came closest); "
+            f"member {first.pod_id!r} ({describe(first)}) fits no node left there"
+        )
+        if short is not None:
+            message += f"; {short_words(short)}"
     reasons.append(QueueReason(QueueReasonCode.GANG_DOES_NOT_FIT, 0, message))
     reasons.extend(queue_reasons(cluster, shape_of(first)))  # the per-node counts of the member that did not fit
     return tuple(reasons)

@@ -15,7 +15,16 @@ from __future__ import annotations
 
 from itertools import combinations
 
-from processor.core.preemption_plans import ANY_VICTIM, PodPlan, Unit, Victims, spare_members, unit_of, work_lost
+from processor.core.preemption_plans import (
+    ANY_VICTIM,
+    PodPlan,
+    Unit,
+    Victims,
+    role_spares,
+    spare_members,
+    unit_of,
+    work_lost,
+)
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, lookup
 from schemas.commands import GPU_MILLI
@@ -95,7 +104,9 @@ def best_on_node(
     checked. At most :data:`SEARCH_BUDGET` sets per node; past it, the greedy set."""
     pods = cluster.pods
     units: dict[str, Unit] = {}
-    spare: dict[str, int] = {}  # gangs whose members above min_members go one by one (disruption above_min)
+    # Gangs whose members above min_members go one by one (disruption above_min): how many, and per role with a
+    # min_members_per_role how many of that role.
+    spare: dict[str, tuple[int, dict[str, int]]] = {}
     for pod_id in node.pods:
         pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
         if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
@@ -109,9 +120,9 @@ def best_on_node(
         if gang_id not in units:
             units[gang_id] = unit_of(cluster, pod, now)
             if pods_spare := spare_members(cluster, pod):
-                spare[gang_id] = pods_spare
-        if gang_id in spare:  # the member alone, beside its whole gang: see _allowed_together
-            units[pod_id] = Unit(pod_id, spec.priority, (pod,), work_lost(pod, now))
+                spare[gang_id] = (pods_spare, role_spares(cluster, gang_id))
+        if gang_id in spare and spare[gang_id][1].get(spec.role or "", 1) > 0:  # its role (if any) spares one
+            units[pod_id] = Unit(pod_id, spec.priority, (pod,), work_lost(pod, now))  # see _allowed_together
     if allowed.restricts:
         units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
     if not units:
@@ -176,20 +187,28 @@ def best_on_node(
     return None if best is None else (best[0], best[2])
 
 
-def _allowed_together(chosen: list[Unit], spare: dict[str, int]) -> bool:
+def _allowed_together(chosen: list[Unit], spare: dict[str, tuple[int, dict[str, int]]]) -> bool:
     """Whether units may go together when some gangs' members above ``min_members`` may go one by one
-    (``disruption: above_min``): a gang whole or at most its spare members alone, never both. O(units)."""
+    (``disruption: above_min``): a gang whole or at most its spare members alone (and of a role with a
+    ``min_members_per_role``, at most the role's spare members), never both. O(units)."""
     alone: dict[str, int] = {}
+    alone_in_role: dict[tuple[str, str], int] = {}
     whole: set[str] = set()
     for unit in chosen:
-        gang_id = unit.pods[0].spec.gang_id
+        spec = unit.pods[0].spec
+        gang_id = spec.gang_id
         if gang_id is None or gang_id not in spare:
             continue
         if unit.key == gang_id:
             whole.add(gang_id)
-        else:
-            alone[gang_id] = alone.get(gang_id, 0) + 1
-    return all(gang_id not in whole and count <= spare[gang_id] for gang_id, count in alone.items())
+            continue
+        alone[gang_id] = alone.get(gang_id, 0) + 1
+        role = spec.role
+        if role is not None and role in spare[gang_id][1]:
+            alone_in_role[(gang_id, role)] = alone_in_role.get((gang_id, role), 0) + 1
+            if alone_in_role[(gang_id, role)] > spare[gang_id][1][role]:
+                return False
+    return all(gang_id not in whole and count <= spare[gang_id][0] for gang_id, count in alone.items())
 
 
 def gpu_deficit(free: list[int], shape: PodShape) -> int:
@@ -208,7 +227,7 @@ def _greedy(
     ordered: list[Unit],
     contributions: list[tuple[int, int, list[tuple[int, int]]]],
     beat: tuple[int, int] | None,
-    spare: dict[str, int],
+    spare: dict[str, tuple[int, dict[str, int]]],
 ) -> tuple[tuple[int, int], list[Unit]] | None:
     """Past the budget: units by the most GPU they free on the node, then fewest victims, until it fits (a unit
     that may not go with those taken is passed over)."""

@@ -164,7 +164,8 @@ def _on_nodes(cluster: ClusterState, pod_ids: Iterable[str]) -> tuple[Pod, ...]:
 
 def spare_members(cluster: ClusterState, pod: Pod) -> int:
     """How many members of the pod's gang may be taken one by one (``SubmitGang.disruption: above_min``, contract
-    v4): those running (and not evicted on trial) above ``min_members``; 0 for any other pod. O(M)."""
+    v4): those running (and not evicted on trial) above ``min_members``; 0 for any other pod. O(M). Each role's
+    own limit: :func:`role_spares`."""
     gang_id = pod.spec.gang_id
     if gang_id is None:
         return 0
@@ -172,6 +173,16 @@ def spare_members(cluster: ClusterState, pod: Pod) -> int:
     if gang is None or gang.spec.disruption != DISRUPT_ABOVE_MIN:
         return 0
     return max(0, len(_on_nodes(cluster, gang.placed)) - gang.spec.min_members)
+
+
+def role_spares(cluster: ClusterState, gang_id: str) -> dict[str, int]:
+    """Per role with a ``min_members_per_role``: how many of its members running (and not evicted on trial) may
+    be taken one by one (``disruption: above_min``): those above the role's minimum. O(M)."""
+    gang = cluster.gangs.get(gang_id)
+    if gang is None or not gang.spec.min_members_per_role:
+        return {}
+    counts = gangs.role_counts(pod.spec for pod in _on_nodes(cluster, gang.placed))
+    return {role: max(0, counts.get(role, 0) - n) for role, n in gang.spec.min_members_per_role.items()}
 
 
 @dataclass(slots=True)

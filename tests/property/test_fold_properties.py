@@ -386,6 +386,10 @@ def check_started_jobs_had_their_dependencies(cluster: ClusterState, events: lis
         elif isinstance(payload, GangScheduled | GangQueued):
             if isinstance(payload, GangScheduled):
                 assert len(payload.members) >= payload.gang.min_members, "a gang started without min_members"
+                placed = {member.pod_id for member in payload.members}
+                for role, minimum in payload.gang.min_members_per_role.items():
+                    have = sum(1 for m in payload.gang.members if m.role == role and m.pod_id in placed)
+                    assert have >= minimum, f"gang {payload.gang.gang_id} started with {have} < {minimum} of {role}"
             if isinstance(payload, GangQueued) and payload.waiting_for:
                 continue
             depends_on, dependency = payload.gang.depends_on, payload.gang.dependency

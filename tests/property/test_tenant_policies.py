@@ -33,8 +33,10 @@ from schemas.commands import (
     AddNode,
     Command,
     CommandPayload,
+    DrainNode,
     GangMember,
     MarkNodeFailed,
+    RecoverNode,
     Release,
     ReleaseGang,
     SetPolicy,
@@ -42,8 +44,10 @@ from schemas.commands import (
     SubmitGang,
     SubmitPod,
     Tick,
+    UncordonNode,
 )
 from schemas.events import GangScheduled, PodPreempted, PodScheduled, PodSpec
+from tests.property.test_fold_properties import check_no_overcommit
 from tests.strategies import quota_preemptions, sharing_streams
 
 TENANTS = ("t1", "t2", "t3")
@@ -81,22 +85,27 @@ def policy_streams(draw: st.DrawFn) -> list[Command]:
     )
     gang_sizes = st.sampled_from(((1, 1000), (2, 1000)))
     gang = st.builds(
-        lambda gang_id, tenant, priority, sizes, min_members, preemptible, disruption: SubmitGang(
+        lambda gang_id, tenant, priority, sizes, min_members, preemptible, disruption, roles: SubmitGang(
             gang_id,
             tenant,
             priority,
-            tuple(GangMember(f"{gang_id}-{i}", n, m, 1000, 1024) for i, (n, m) in enumerate(sizes)),
-            min_members=min_members,
+            tuple(
+                GangMember(f"{gang_id}-{i}", n, m, 1000, 1024, role=("worker" if i % 2 else "ps") if roles else None)
+                for i, (n, m) in enumerate(sizes)
+            ),
+            min_members=min_members if min_members is None or min_members <= len(sizes) else None,
             preemptible=preemptible,
             disruption=disruption,
+            min_members_per_role={"ps": 1} if roles and min_members == 1 else ({"worker": 1} if roles else {}),
         ),
         st.sampled_from(GANGS),
         st.sampled_from(TENANTS),
         st.integers(0, 5),
-        st.lists(gang_sizes, min_size=1, max_size=3),
-        st.sampled_from((None, 1)),
+        st.lists(gang_sizes, min_size=2, max_size=4),
+        st.sampled_from((None, 1, 2)),
         st.booleans(),
         st.sampled_from(("all", "above_min")),
+        st.booleans(),
     )
     policies = quota_preemptions()
     payloads = st.one_of(
@@ -107,6 +116,9 @@ def policy_streams(draw: st.DrawFn) -> list[Command]:
         st.builds(Release, st.sampled_from((*PODS, "g0-0", "g1-1"))),
         st.builds(ReleaseGang, st.sampled_from(GANGS)),
         st.builds(MarkNodeFailed, st.sampled_from(("n0", "n1"))),
+        st.builds(DrainNode, st.sampled_from(("n0", "n1"))),
+        st.builds(UncordonNode, st.sampled_from(("n0", "n1"))),
+        st.builds(RecoverNode, st.sampled_from(("n0", "n1"))),
         st.builds(SetQuota, st.sampled_from(TENANTS), st.just("lab"), st.just({"A100": 4}), preemption=policies),
         st.just(Tick()),
     )
@@ -143,12 +155,28 @@ def _check_victim(cluster: ClusterState, victim: PodSpec, by: PodSpec, reason: s
         assert victim.priority < by.priority
 
 
+def check_running_gangs_keep_their_minimums(cluster: ClusterState, shrunk: set[str], seen: dict[str, int]) -> None:
+    """A running gang has at least ``min_members`` and each role's ``min_members_per_role`` members running
+    (preemption, drain and failure take a member alone only above them), unless one of its members was released
+    on its own since it started."""
+    for gang_id, gang in cluster.gangs.items():
+        if gang.state != "running" or gang_id in shrunk:
+            continue
+        running = [cluster.pods[pod_id].spec for pod_id in gang.placed if cluster.pods[pod_id].running]
+        assert len(running) >= gang.spec.min_members, f"gang {gang_id} runs {len(running)} < min_members"
+        for role, minimum in gang.spec.min_members_per_role.items():
+            have = sum(1 for spec in running if spec.role == role)
+            assert have >= minimum, f"gang {gang_id} runs {have} < {minimum} of role {role!r}"
+            seen["role checked"] = seen.get("role checked", 0) + 1
+
+
 @SETTINGS
 @given(commands=st.one_of(policy_streams(), sharing_streams(max_size=45)))
 def test_no_victim_violates_preemptible_or_its_preemptors_policy_and_every_command_ends(commands: list) -> None:
     state = PartitionState()
     specs: dict[str, PodSpec] = {}
     seen: dict[str, int] = {}
+    shrunk: set[str] = set()  # gangs a Release of one member may have left below their minimums, until they restart
     for offset, command in enumerate(commands):
         before = {
             pod_id: pod.spec
@@ -188,6 +216,15 @@ def test_no_victim_violates_preemptible_or_its_preemptors_policy_and_every_comma
                     assert gang.spec.disruption == "above_min", f"{victim.pod_id} taken without its gang"
                     assert len(gang.placed) >= gang.spec.min_members, f"gang {gang.gang_id} below min_members"
                     seen["member alone"] = seen.get("member alone", 0) + 1
+        if cluster is None:
+            continue
+        check_no_overcommit(cluster)
+        for event in events:
+            if isinstance(event.payload, GangScheduled):
+                shrunk.discard(event.payload.gang.gang_id)
+        if isinstance(command.payload, Release) and command.payload.pod_id in cluster.member_of:
+            shrunk.add(cluster.member_of[command.payload.pod_id])
+        check_running_gangs_keep_their_minimums(cluster, shrunk, seen)
     for reason, count in sorted(seen.items()):
         note(f"victims by {reason}: {count}")
         target(float(count), label=f"victims by {reason}")

@@ -156,8 +156,8 @@ def retry_gang(decision: Decision, cluster: ClusterState, gang: Gang, failed: Po
     if attempt > retry.max_retries:
         return False
     failed_id = failed.spec.pod_id
-    still = sum(1 for pod_id in gang.placed if pod_id != failed_id and cluster.pods[pod_id].running)
-    if still >= gang.spec.min_members:
+    still = [cluster.pods[p].spec for p in gang.placed if p != failed_id and cluster.pods[p].running]
+    if gangs.enough(gang.spec, still):
         return False  # the gang runs on without it: the member ends, as without retries
     freed: list[str | None] = [failed.node_id]
     for pod_id in sorted(gang.placed):  # sorted: a gang restored from a snapshot evicts in the same order
@@ -275,13 +275,23 @@ def within_quota(cluster: ClusterState, spec: GangSpec, found: gangs.GangPlaceme
     total: quotas.Demand = {}
     for wanted in demands:
         quotas.add(total, wanted)
-    # Dropped first: the largest members (they free the most quota each), the last in member order among equals.
+    # Dropped first: the largest members (they free the most quota each), the last in member order among equals;
+    # a member whose role would fall below its min_members_per_role is kept (contract v4).
     order = sorted(range(len(placed)), key=lambda i: (_size(placed[i][0]), i), reverse=True)
+    minimums = spec.min_members_per_role
+    roles = gangs.role_counts(member for member, _ in placed)
     dropped: set[int] = set()
-    while quotas.check(cluster, spec.tenant, quota, total) is not None:  # measure: members left above min_members
-        if len(placed) - len(dropped) <= spec.min_members:
+    cursor = 0
+    while quotas.check(cluster, spec.tenant, quota, total) is not None:  # measure: the candidates left in order
+        if len(placed) - len(dropped) <= spec.min_members or cursor >= len(order):
             return None
-        position = order[len(dropped)]
+        position = order[cursor]
+        cursor += 1
+        role = placed[position][0].role
+        if role is not None and roles.get(role, 0) <= minimums.get(role, 0):
+            continue  # its role needs it
+        if role is not None:
+            roles[role] -= 1
         dropped.add(position)
         for key, amount in demands[position].items():
             total[key] -= amount
@@ -477,15 +487,23 @@ def _queue_waiting_members(
         if member.pod_id in started:
             continue
         waiting = member if key is None else _in_domain(member, key, domain)  # type: ignore[arg-type]
-        shape = shape_of(waiting)
-        reasons: tuple[QueueReason, ...] = (QueueReason(QueueReasonCode.GANG_MEMBER_WAITING, 0, head),)
-        if quota is not None:
-            admission = quotas.admit(cluster, waiting, shape)
-            if admission.shortfalls:
-                words = quotas.shortfall_words(admission.shortfalls)
-                reasons += (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, words),)
-        reasons += queue_reasons(cluster, shape)
-        decision.emit(PodQueued(waiting, reasons, False), cluster.name)
+        decision.emit(PodQueued(waiting, _waiting_reasons(cluster, waiting, head, quota), False), cluster.name)
+
+
+def _waiting_reasons(
+    cluster: ClusterState, waiting: PodSpec, head: str, quota: Quota | None
+) -> tuple[QueueReason, ...]:
+    """Why a member waits while its gang runs: ``GANG_MEMBER_WAITING`` (``head``, and its role), then its quota's
+    shortfall if any, then the per-node reasons."""
+    shape = shape_of(waiting)
+    words = head if waiting.role is None else f"{head} (role {waiting.role!r})"
+    reasons: tuple[QueueReason, ...] = (QueueReason(QueueReasonCode.GANG_MEMBER_WAITING, 0, words),)
+    if quota is not None:
+        admission = quotas.admit(cluster, waiting, shape)
+        if admission.shortfalls:
+            words = quotas.shortfall_words(admission.shortfalls)
+            reasons += (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, words),)
+    return reasons + queue_reasons(cluster, shape)
 
 
 def _in_domain(member: PodSpec, key: str, domain: str) -> PodSpec:
@@ -509,9 +527,12 @@ def gang_lost_members(decision: Decision, cluster: ClusterState, gang: Gang, rea
 
 
 def gang_keeps_running(gang: Gang, cluster: ClusterState) -> bool:
-    """Whether at least min_members of the gang still run after some were evicted."""
-    still = sum(1 for pod_id in gang.placed if cluster.pods[pod_id].running)
-    return still >= gang.spec.min_members
+    """Whether at least min_members of the gang (and each role's ``min_members_per_role``) still run after some
+    were evicted."""
+    if not gang.spec.min_members_per_role:
+        still = sum(1 for pod_id in gang.placed if cluster.pods[pod_id].running)
+        return still >= gang.spec.min_members
+    return gangs.enough(gang.spec, [cluster.pods[p].spec for p in gang.placed if cluster.pods[p].running])
 
 
 def gang_ends_lost_members(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> Task:
