@@ -29,7 +29,7 @@ from processor.core.fold import decide
 from processor.core.state import PartitionState
 from processor.runtime.loop import PartitionFolder
 from schemas import COMMAND, registry
-from schemas.commands import AddNode, Command, QuotaPreemption, Release, SetPolicy, SetQuota, SubmitPod
+from schemas.commands import AddNode, Command, QuotaPreemption, Release, SetCohort, SetPolicy, SetQuota, SubmitPod
 from schemas.topics import Topics
 
 NODE_TYPES = [  # (model, gpus, cpu_milli, memory_mib, weight)
@@ -96,12 +96,20 @@ QUOTA = {"A100": 1_000_000, "*": 1_000_000}
 
 
 def quota_commands(kind: str) -> list[Command]:
-    """``--quotas none|plain|policies``: no quota; the stream's tenant and a peer in one cohort; the same with
-    every preemption policy of ``SetQuota.preemption`` set (issue #24: what they cost when nothing preempts)."""
+    """``--quotas none|plain|policies|tree``: no quota; the stream's tenant and a peer in one cohort; the same with
+    every preemption policy of ``SetQuota.preemption`` set (issue #24: what they cost when nothing preempts); the
+    same cohort three levels down a cohort tree (``SetCohort``)."""
     if kind == "none":
         return []
     policy = QuotaPreemption("lower_or_newer_equal_priority", "lower_priority", "lower_priority", 5)
-    return [
+    tree = []
+    if kind == "tree":  # "lab" under "dept" under "org" (contract v4's SetCohort): every start walks 3 levels up
+        tree = [
+            Command("cohort-org", "bench", 0, SetCohort("org", None, {"A100": 8})),
+            Command("cohort-dept", "bench", 0, SetCohort("dept", "org", {"*": 8}, borrowing_limit_gpus=1_000_000)),
+            Command("cohort-lab", "bench", 0, SetCohort("lab", "dept", lending_limit_gpus=2_000_000)),
+        ]
+    return tree + [
         Command(f"quota-{tenant}", "bench", 0, SetQuota(tenant, "lab", dict(QUOTA), **extra))  # type: ignore[arg-type]
         for tenant, extra in (("t1", {"preemption": policy} if kind == "policies" else {}), ("t2", {}))
     ]
@@ -159,7 +167,7 @@ def main() -> int:
     parser.add_argument("--modes", default="fold,codec")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--policies", default="first-fit,best-fit,", help="comma-separated; empty = the default policy")
-    parser.add_argument("--quotas", default="none", choices=("none", "plain", "policies"))
+    parser.add_argument("--quotas", default="none", choices=("none", "plain", "policies", "tree"))
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     print(f"# {platform.processor() or platform.machine()} | python {platform.python_version()}", file=sys.stderr)

@@ -199,4 +199,14 @@ def _quotas(args: argparse.Namespace) -> int:
         tenant = row["tenant"] + (" (default)" if row["default"] else "")
         print(f"{row['cluster']:12} {tenant:16} {row['cohort'] or '-':12} {row['key']:14} {row['nominal']:>10} "
               f"{row['used']:>10} {row['may_hold']:>10} {row['borrowed']:>10} {row['lent']:>10}")  # fmt: skip
+    cohorts = answer.get("cohorts", [])
+    if cohorts:
+        print()
+        print(f"{'cluster':12} {'cohort':16} {'parent':12} {'key':14} {'level':>5} {'subtree':>10} {'kept':>10} "
+              f"{'in use':>10} {'may use':>10}")  # fmt: skip
+        for row in cohorts:
+            may_use = "-" if row["may_use"] is None else row["may_use"]
+            print(f"{row['cluster']:12} {row['cohort']:16} {row['parent'] or '-':12} {row['key']:14} "
+                  f"{row['depth']:>5} {row['subtree_quota']:>10} {row['kept']:>10} {row['in_use']:>10} "
+                  f"{may_use:>10}")  # fmt: skip
     return 0

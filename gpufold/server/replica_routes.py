@@ -224,7 +224,8 @@ def add_replica_routes(app: FastAPI, replica: Replica, what_if: Callable[..., An
 
     @app.get(
         "/v1/quotas",
-        summary="per tenant and quota key: nominal, used, may hold now, borrowed, lent (replica)",
+        summary="per tenant and quota key: nominal, used, may hold now, borrowed, lent; per cohort of the cohort "
+        "tree and key: subtree quota, kept, in use, may use (replica)",
         responses=READ_RESPONSES,
     )
     def quotas(request: Request, cluster: OptionalId = None) -> Response:

@@ -348,7 +348,11 @@ def pending_reasons(
             words = quotas.shortfall_words(admission.shortfalls)
             if admission.shape is not None:
                 words = f"not on {', '.join(model for model, _ in admission.shortfalls)}: {words}"
-            reasons.append(_reason(QueueReasonCode.QUOTA_EXCEEDED, 0, words))
+            reason = _reason(QueueReasonCode.QUOTA_EXCEEDED, 0, words)
+            above = [short for _, short in admission.shortfalls if short.depth >= 2 and short.cohort is not None]
+            if above:  # it waits on the pool of a cohort above its own (contract v4): which one, at which level
+                reason["cohort"], reason["level"] = above[0].cohort, above[0].depth
+            reasons.append(reason)
         if admission.shape is None:
             return reasons, bool(cluster.index.feasible(usable))
         usable = admission.shape
@@ -494,6 +498,16 @@ def _remedies(
                 "message": f"raise tenant {spec.tenant!r}'s quota (SetQuota), or release some of its running pods",
             }
         )
+        cohort = next((r["cohort"] for r in result.reasons if "cohort" in r), None)
+        if cohort is not None:
+            remedies.append(
+                {
+                    "change": "raise_cohort_quota",
+                    "cohort": cohort,
+                    "message": f"raise cohort {cohort!r}'s own quota or the lending limits below it (SetCohort), or "
+                    "release work that borrows in its subtree",
+                }
+            )
         if capacity_fits:
             return remedies  # the capacity is there: only the quota holds it
     reservation = cluster.reservation

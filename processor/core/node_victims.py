@@ -59,6 +59,17 @@ def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
     """The lowest priority L < ``priority`` such that removing every pod of priority <= L makes room,
     or None. O(L · G) from the per-priority sums."""
     by_priority = node.by_priority
+    if len(by_priority) == 1:  # the common node: one level, no list to build
+        for level, held in by_priority.items():
+            if level >= priority:
+                return None
+            if (
+                node.cpu_free + held.cpu_milli < shape.cpu_milli
+                or node.memory_free + held.memory_mib < shape.memory_mib
+            ):
+                return None
+            gpu = [free + milli for free, milli in zip(node.gpu_free, held.gpu_milli, strict=True)]
+            return level if gpus_fit(gpu, shape) else None
     levels = [level for level in by_priority if level < priority]
     if not levels:
         return None
@@ -310,6 +321,21 @@ def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int,
     summary (no pod is visited): :func:`bound_terms`, every GPU milli freed running since the latest
     start of a pod there at least; one victim alone loses at least its GPU x its time running. Latest
     starts are never lowered when a pod leaves, so the bound stays a bound."""
+    by_priority = node.by_priority
+    if len(by_priority) == 1:  # one level (at most ``level``): its summary answers, kept beside its dicts
+        for held_level, held in by_priority.items():
+            if held_level > level:
+                return (1, 0)  # nothing to take at or below the level: no bound
+            deficit = gpu_deficit(node.gpu_free, shape)
+            largest = held.largest_gpu_milli  # the largest size with a start: max(held.latest_starts)
+            if not deficit or largest <= 0:
+                return (1, 0)
+            fewest = -(-deficit // largest)
+            if shape.num_gpu == node.gpu_count and shape.gpu_milli >= GPU_MILLI and held.gpu_pods > fewest:
+                fewest = held.gpu_pods
+            if fewest > 1:
+                return (fewest, deficit * max(0, now - held.latest_start))
+            return (1, min(m * max(0, now - t) for m, t in held.latest_starts.items() if m >= deficit))
     fewest, deficit = bound_terms(node, shape, level)
     if not fewest:
         return (1, 0)

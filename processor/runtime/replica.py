@@ -547,10 +547,12 @@ class Replica:
             return {"tenants": ordered, "replica": self.position()}
 
     def quotas(self, cluster: str | None = None) -> dict[str, Any]:
-        """Per (cluster, tenant, key): nominal quota, used, what it may hold now, borrowed and lent."""
+        """Per (cluster, tenant, key): nominal quota, used, what it may hold now, borrowed and lent; and per
+        (cluster, cohort, key) the cohort tree's pools (subtree quota, kept, in use, may use)."""
         with self._lock:
             rows = [row for c in self._clusters(cluster) for row in views.quota_rows(c)]
-            return {"quotas": rows, "replica": self.position()}
+            cohorts = [row for c in self._clusters(cluster) for row in views.cohort_rows(c)]
+            return {"quotas": rows, "cohorts": cohorts, "replica": self.position()}
 
     def disruption_budgets(self, cluster: str) -> dict[str, Any]:
         """The cluster's disruption budgets with what each allows now and the evictions it blocks."""

@@ -341,6 +341,11 @@ def quota_rows(cluster: ClusterState) -> list[dict[str, Any]]:
     return [{"cluster": cluster.name, **asdict(line)} for line in quotas.quota_report(cluster)]
 
 
+def cohort_rows(cluster: ClusterState) -> list[dict[str, Any]]:
+    """Each cohort of the cluster's cohort tree per quota key (contract v4): its subtree quota, kept, in use."""
+    return [{"cluster": cluster.name, **asdict(line)} for line in quotas.cohort_report(cluster)]
+
+
 def budget_rows(cluster: ClusterState) -> list[dict[str, Any]]:
     """Each disruption budget of the cluster, by id: its filters and ``max_unavailable``, the matching pods
     unavailable now (evicted by a voluntary disruption and not running since, or being evicted), how many more

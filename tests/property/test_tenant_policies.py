@@ -13,7 +13,8 @@ Kueue's rule itself (a borrower's victims borrow) is checked where it is decided
 
 (a), no tenant over nominal + borrowable, is checked on the same streams by ``test_fold_properties``'s
 invariants (the sharing streams draw these policies too); (c), minimality against an exhaustive search, is
-checked there for priority preemption (quota policies plan greedily with Kueue's fill-back: README).
+checked there for priority preemption; the quota policies plan greedily with Kueue's fill-back (README), and
+``test_policy_victims_minimal`` checks their victims are minimal by inclusion.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ parent, lending and borrowing limits at a level, reclaim across the tree), refus
 from __future__ import annotations
 
 from processor.core import cohort_tree
+from processor.core.explain import explain
 from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
 from schemas.codes import QueueReasonCode, RejectionCode
 from schemas.commands import AddNode, Release, RemoveCohort, SetCohort, SetPolicy, SetQuota, SubmitPod
@@ -186,3 +187,19 @@ def test_reclaim_takes_only_borrowers_whose_eviction_frees_the_level_that_has_no
     preempted = [event.payload.pod_id for event in events if event.type_name == "PodPreempted"]
     assert preempted == ["b0"]
     assert fold.cluster.pods["a0"].running and fold.cluster.pods["d0"].running
+
+
+def test_explain_names_the_cohort_and_level_a_pod_waits_on() -> None:
+    """A pod refused by a cohort above its own: explain's QUOTA_EXCEEDED names that cohort and its level, and
+    offers raising that cohort's quota."""
+    fold = cluster()
+    fold.run(SetCohort("org", nominal_gpus={"A100": 1}))
+    fold.run(SetCohort("team", parent="org"))
+    fold.run(SetQuota("a", cohort="team", nominal_gpus={"A100": 0}))
+    fold.run_all(gpus("p0", "a"), gpus("p1", "a"))
+    found = explain(fold.cluster, "p1")
+    assert found is not None
+    (reason,) = [r for r in found.reasons if r["code"] == QueueReasonCode.QUOTA_EXCEEDED]
+    assert (reason["cohort"], reason["level"]) == ("org", 2)
+    assert "cohort 'org' (level 2 of the tree above cohort 'team')" in reason["message"]
+    assert {"raise_quota", "raise_cohort_quota"} <= {r["change"] for r in found.would_fit_if}

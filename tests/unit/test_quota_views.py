@@ -10,12 +10,12 @@ from sqlalchemy import create_engine
 
 from gpufold.cli import main
 from processor.core.fold import decide
-from processor.core.quotas import quota_report
+from processor.core.quotas import cohort_report, quota_report
 from processor.core.state import PartitionState
 from projections import models, queries
 from projections.envelope import Envelope
 from projections.projector import Projector
-from schemas.commands import AddNode, Command, SetPolicy, SetQuota, SubmitPod
+from schemas.commands import AddNode, Command, SetCohort, SetPolicy, SetQuota, SubmitPod
 from tests.strategies import Fold
 
 GPU = 1000
@@ -43,6 +43,23 @@ def test_the_report_shows_borrowed_and_lent_per_key() -> None:
     assert globex.may_hold == 24 * GPU  # the pool (24 GPUs lent in all) has room for 8 more
 
 
+def test_the_report_shows_the_cohort_tree_and_what_a_tenant_may_hold_through_it() -> None:
+    """acme and globex in cohort "shared", itself under "org", which has 8 GPUs of its own: globex may hold
+    its 8, acme's 16 and 4 of org's 8; the cohort lines give each level's subtree quota and use."""
+    fold = borrowing()
+    fold.run(SetCohort("org", nominal_gpus={"*": 8}))
+    fold.run(SetCohort("shared", parent="org", borrowing_limit_gpus=4))
+    lines = {(line.tenant, line.key): line for line in quota_report(fold.cluster)}
+    assert lines[("globex", "gpu:*")].may_hold == 28 * GPU  # shared's 24, and 4 of org's 8 (its borrowing limit)
+    cohorts = {(line.cohort, line.key): line for line in cohort_report(fold.cluster)}
+    shared, org = cohorts[("shared", "gpu:*")], cohorts[("org", "gpu:*")]
+    # in use: what the members hold beyond what they keep (globex lends all of its nominal, so all its 16)
+    assert (shared.parent, shared.depth, shared.subtree_quota, shared.in_use) == ("org", 2, 24 * GPU, 16 * GPU)
+    assert shared.may_use == 28 * GPU and shared.tenants == ["acme", "globex"]
+    assert (org.parent, org.depth, org.subtree_quota, org.in_use, org.may_use) == (None, 1, 32 * GPU, 16 * GPU,
+                                                                                   32 * GPU)  # fmt: skip
+
+
 def test_no_quota_no_lines() -> None:
     fold = Fold()
     fold.run(AddNode("n0", 8000, 8192, "A100", 1))
@@ -57,6 +74,9 @@ def test_gpufold_quotas_reads_the_log(tmp_path: Path, capsys: pytest.CaptureFixt
         {"AddNode": {"node_id": "n1", "gpu_model": "A100", "gpu_count": 8, "cpu_milli": 8000, "memory_mib": 8192}},
         {"SetQuota": {"tenant": "acme", "nominal_gpus": {"A100": 4}}},
         {"SubmitPod": {"pod_id": "p1", "tenant": "acme", "num_gpu": 2, "gpu_milli": 1000}},
+        {"SetCohort": {"cohort": "org", "nominal_gpus": {"A100": 2}}},
+        {"SetCohort": {"cohort": "team", "parent": "org", "borrowing_limit_gpus": 1}},
+        {"SetQuota": {"tenant": "globex", "cohort": "team", "nominal_gpus": {"A100": 1}}},
     ]
     source.write_text(
         "".join(
@@ -69,11 +89,16 @@ def test_gpufold_quotas_reads_the_log(tmp_path: Path, capsys: pytest.CaptureFixt
     assert main(["run", "--log", log, "--no-progress"]) == 0
     capsys.readouterr()
     assert main(["quotas", "--log", log, "--json"]) == 0
-    rows = {row["key"]: row for row in json.loads(capsys.readouterr().out)["quotas"]}
+    answer = json.loads(capsys.readouterr().out)
+    rows = {row["key"]: row for row in answer["quotas"] if row["tenant"] == "acme"}
+    cohorts = {(row["cohort"], row["key"]): row for row in answer["cohorts"]}
+    team = cohorts[("team", "gpu:A100")]
+    assert (team["parent"], team["depth"], team["subtree_quota"], team["may_use"]) == ("org", 2, 1000, 2000)
     assert (rows["gpu:A100"]["tenant"], rows["gpu:A100"]["nominal"], rows["gpu:A100"]["used"]) == ("acme", 4000, 2000)
     assert rows["gpu:*"]["nominal"] == 0  # models the quota does not name: none
     assert main(["quotas", "--log", log]) == 0
-    assert "acme" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "acme" in out and "subtree" in out and "team" in out
 
 
 def test_preemptions_are_listed_with_their_cause() -> None:

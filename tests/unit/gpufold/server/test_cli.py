@@ -66,9 +66,16 @@ def test_serve_on_the_embedded_log(tmp_path: Path) -> None:
             while client.get("/v1/pods", params={"cluster": "lab"}).json()["total"] != 1:
                 assert time.monotonic() < deadline, "the time limit did not fire"
                 time.sleep(0.1)
-            # The replica folds the log as it is appended; health says when the processor committed it too.
+            # The replica folds the log as it is appended; health says when the processor committed it too,
+            # in a sample taken after the time limit fired (an older one may predate the tick that fired it).
+            fired = time.time()
             deadline = time.monotonic() + 15
-            while any(p["lag_commands"] for p in client.get("/v1/status").json()["fold"]["partitions"]):
+            while True:
+                status = client.get("/v1/status").json()
+                if (status["checked_at"] or 0) > fired and not any(
+                    p["lag_commands"] for p in status["fold"]["partitions"]
+                ):
+                    break
                 assert time.monotonic() < deadline, "the processor did not catch up"
                 time.sleep(0.1)
             assert "gpufold dashboard" in client.get("/").text
