@@ -301,7 +301,7 @@ def _member_waits_again(cluster: ClusterState, spec: PodSpec) -> None:
     gang = cluster.gangs.get(gang_id)
     if gang is None or spec.pod_id not in gang.placed:
         return
-    pod = cluster.pods.get(spec.pod_id)
+    pod = lookup(cluster.pods, spec.pod_id)
     if pod is None or pod.running or pod.queued or gang.state != GANG_RUNNING:
         raise InvariantViolation(f"member {spec.pod_id!r} queued again while it runs or its gang does not")
     del gang.placed[spec.pod_id]
