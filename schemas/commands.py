@@ -38,7 +38,8 @@ PREEMPTION_MODES_V3 = (PREEMPT_LOWER, PREEMPT_NEVER)
 DISRUPT_ALL = "all"
 """A gang member chosen as a victim takes its whole gang (the default)."""
 DISRUPT_ABOVE_MIN = "above_min"
-"""Contract v4: members above ``min_members`` may be preempted or reclaimed one by one; the gang runs on."""
+"""Contract v4: members above ``min_members`` may be preempted, drained or lost to a failure one by one; the gang runs
+on and each waits again as its member."""
 DISRUPTION_MODES = (DISRUPT_ALL, DISRUPT_ABOVE_MIN)
 """The modes contracts v1 to v3 accepted (a command of theirs with another is refused, as it was)."""
 PREEMPTING = (PREEMPT_LOWER, PREEMPT_LOWER_OR_NEWER)

@@ -280,6 +280,8 @@ def _pod_for(cluster: ClusterState, spec: PodSpec) -> Pod:
 
 
 def _applied_pod_queued(state: PartitionState, cluster: ClusterState, event: PodQueued, now: int) -> None:
+    if event.pod.gang_id is not None:
+        _member_waits_again(cluster, event.pod)
     pod = _pod_for(cluster, event.pod)
     if event.waiting_for:
         pod.waiting_for = tuple(event.waiting_for)
@@ -287,6 +289,24 @@ def _applied_pod_queued(state: PartitionState, cluster: ClusterState, event: Pod
         return
     pod.queued = True
     cluster.queue.push(pod.group, pod.queue_key)
+
+
+def _member_waits_again(cluster: ClusterState, spec: PodSpec) -> None:
+    """A member an above_min gang lost alone (evicted just before) waits again as its member (contract v4): it
+    leaves the gang's placed members, and its pod is made anew from the event's spec (kept to the gang's domain).
+    Nothing for any other member. O(1)."""
+    gang_id = spec.gang_id
+    if gang_id is None:
+        return
+    gang = cluster.gangs.get(gang_id)
+    if gang is None or spec.pod_id not in gang.placed:
+        return
+    pod = lookup(cluster.pods, spec.pod_id)
+    if pod is None or pod.running or pod.queued or gang.state != GANG_RUNNING:
+        raise InvariantViolation(f"member {spec.pod_id!r} queued again while it runs or its gang does not")
+    del gang.placed[spec.pod_id]
+    del cluster.pods[spec.pod_id]
+    cluster.count_shape(pod.shape, -1)
 
 
 def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: PodScheduled, now: int) -> None:

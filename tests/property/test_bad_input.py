@@ -344,6 +344,26 @@ INVALID: list[tuple[str, CommandPayload, str]] = [
     ),
     ("min_members of zero", SubmitGang("g9", members=(MEMBER,), min_members=0), RejectionCode.INVALID_COMMAND),
     (
+        "min_members_per_role naming a role no member has (issue 24)",
+        SubmitGang("g9", members=(MEMBER,), min_members_per_role={"worker": 1}),
+        RejectionCode.INVALID_COMMAND,
+    ),
+    (
+        "min_members_per_role above the role's members",
+        SubmitGang("g9", members=(GangMember("m1", cpu_milli=1000, role="w"),), min_members_per_role={"w": 2}),
+        RejectionCode.INVALID_COMMAND,
+    ),
+    (
+        "min_members_per_role summing above min_members",
+        SubmitGang(
+            "g9",
+            members=(GangMember("m1", cpu_milli=1000, role="w"), GangMember("m2", cpu_milli=1000, role="p")),
+            min_members=1,
+            min_members_per_role={"w": 1, "p": 1},
+        ),
+        RejectionCode.INVALID_COMMAND,
+    ),
+    (
         "unknown topology key",
         SubmitGang("g9", members=(MEMBER,), topology_required="topology/rack"),
         "UNKNOWN_LABEL_KEY",

@@ -541,14 +541,16 @@ def elastic(disruption: str) -> Fold:
 
 
 def test_above_min_lets_a_preemptor_take_members_above_min_members_one_by_one() -> None:
-    """disruption above_min: a 1-GPU preemptor takes one member, which ends; the gang runs on with 3. A second takes
-    one more. A third finds the gang at min_members: it takes the whole gang, which goes back to the queue."""
+    """disruption above_min: a 1-GPU preemptor takes one member, which waits as a member; the gang runs on with 3.
+    A second takes one more. A third finds the gang at min_members: it takes the whole gang, which goes back to the
+    queue with its waiting members."""
     fold = elastic("above_min")
     events = fold.run(gpus("p1", priority=5))
     assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["g-0"]
     assert "above_min" in of(events, "PodPreempted")[0].payload.message
-    (ended,) = of(events, "PodReleased")
-    assert ended.payload.pod_id == "g-0" and ended.payload.reason == "evicted:preempted"
+    assert "PodReleased" not in types(events)
+    (waiting,) = of(events, "PodQueued")
+    assert waiting.payload.pod.pod_id == "g-0" and waiting.payload.reasons[0].code == "GANG_MEMBER_WAITING"
     assert fold.cluster.gangs["g"].state == GANG_RUNNING and len(fold.cluster.gangs["g"].placed) == 3
     events = fold.run(gpus("p2", priority=5))
     assert [e.payload.pod_id for e in of(events, "PodPreempted")] == ["g-1"]

@@ -50,7 +50,10 @@ def victim_events(
         else:
             words = f"preempted by {kind} {by!r}, which has a higher priority than {pod.spec.priority}"
         if pod.spec.pod_id in alone:
-            words += f"; a member of gang {pod.spec.gang_id!r} above its min_members (disruption above_min): it runs on"
+            words += (
+                f"; a member of gang {pod.spec.gang_id!r} above its min_members (disruption above_min): the gang "
+                "runs on, the member waits as its member"
+            )
         elif pod.spec.gang_id is not None:
             words += f"; its whole gang {pod.spec.gang_id!r} goes with it"
         decision.emit(PodPreempted(pod.spec.pod_id, node_id, by, reason, words), cluster.name)

@@ -21,6 +21,7 @@ from processor.core.reasons import blocked_by_earlier, queue_reasons
 from processor.core.state import COMPLETED, EVICTED_MEMBER, GANG_RUNNING, ClusterState, Gang, Pod, lookup, shape_of
 from schemas.codes import QueueReasonCode, Rejected, RejectionCode
 from schemas.commands import (
+    DISRUPT_ABOVE_MIN,
     PREEMPT_NEVER,
     PREEMPTING,
     PREEMPTION_MODES,
@@ -536,12 +537,37 @@ def gang_keeps_running(gang: Gang, cluster: ClusterState) -> bool:
 
 
 def gang_ends_lost_members(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> Task:
-    """The gang runs on: each evicted member ends (its dependants are woken)."""
+    """The gang runs on: each evicted member ends (its dependants are woken); a member of a ``disruption:
+    above_min`` gang (contract v4) waits again as a member instead, and starts when it fits."""
     lost = [pod_id for pod_id in gang.placed if not cluster.pods[pod_id].running]
+    if gang.spec.disruption == DISRUPT_ABOVE_MIN and not decision.legacy_gangs:
+        _members_wait_again(decision, cluster, gang, sorted(lost), reason)
+        return
     for pod_id in sorted(lost):  # measure: the lost members left
         decision.emit(PodReleased(pod_id, None, EVICTED_MEMBER + reason), cluster.name)
         decision.then(WAKE_DEPENDANTS, cluster, pod_id)
         yield  # the member's dependants before the next member
+
+
+def _members_wait_again(decision: Decision, cluster: ClusterState, gang: Gang, lost: list[str], reason: str) -> None:
+    """Members of an above_min gang taken alone (preemption, drain, failure, removal, a ``NoExecute`` taint) while
+    the gang keeps ``min_members`` and each role's minimum: each waits in the queue as a member of the running gang
+    (``PodQueued``, requeued, ``GANG_MEMBER_WAITING`` first), kept to the gang's topology domain, and starts when
+    it fits, as members that did not fit at admission do; it has not ended, so no dependant is woken. O(L) plus
+    each member's reasons."""
+    spec = gang.spec
+    runs = len(gang.placed) - len(lost)
+    head = (
+        f"member of gang {gang.gang_id!r}, taken alone ({reason}) while the gang runs on with {runs} of "
+        f"{len(spec.members)} members (disruption above_min, min_members {spec.min_members}): it starts when it fits"
+    )
+    quota = quotas.quota_of(cluster, spec.tenant) if cluster.quotas_on else None
+    key, domain = gang.topology_key, gang.domain
+    for pod_id in lost:
+        member = cluster.pods[pod_id].spec
+        waiting = member if key is None or domain is None else _in_domain(member, key, domain)
+        reasons = _waiting_reasons(cluster, waiting, head, quota)
+        decision.emit(PodQueued(waiting, reasons, True), cluster.name)
 
 
 def gang_evict_members(decision: Decision, cluster: ClusterState, gang: Gang, reason: str) -> list[str | None]:
