@@ -112,6 +112,28 @@ def test_partial_admission_under_quota_keeps_each_roles_minimum() -> None:
     assert QueueReasonCode.QUOTA_EXCEEDED in [r.code for r in queued.payload.reasons]
 
 
+def test_a_gang_whose_roles_do_not_fit_its_quota_waits_and_its_reason_names_the_roles() -> None:
+    """Quota 2 GPUs: two 1-GPU ps members would fit it (min_members 2), but the 2-GPU worker its role needs and a
+    ps do not: the gang waits with QUOTA_EXCEEDED, naming the roles it needs."""
+    fold = cluster(nodes=2)
+    fold.run(SetQuota("a", nominal_gpus={"A100": 2}))
+    gang = SubmitGang(
+        "g",
+        "a",
+        members=(member("g-a", "ps"), member("g-b", "ps"), member("g-w", "worker", 2)),
+        min_members=2,
+        min_members_per_role={"worker": 1},
+    )
+    events = fold.run(gang)
+    assert types(events)[-1] == "GangQueued"
+    (reason,) = events[-1].payload.reasons
+    assert reason.code == QueueReasonCode.QUOTA_EXCEEDED
+    assert "at least 2 member(s) with 1 of role 'worker' within its quota" in reason.message
+    gang.min_members_per_role = {}
+    gang.gang_id, gang.members = "h", (member("h-0", None), member("h-1", None), member("h-w", None, 2))
+    assert "GangScheduled" in types(fold.run(gang))  # without roles: the two 1-GPU members start
+
+
 # ---------------------------------------------------------------- validation
 
 

@@ -208,7 +208,7 @@ def place_gang(
             if trimmed is not None:
                 emit_gang_placement(decision, cluster, spec, trimmed, from_queue)
                 return True
-        reasons = (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, shortfall.message),)
+        reasons = (QueueReason(QueueReasonCode.QUOTA_EXCEEDED, 0, _quota_words(spec, shortfall.message)),)
     else:
         reasons = found
         reclaiming = may_preempt and cluster.quotas_on and not decision.legacy_gangs
@@ -231,6 +231,15 @@ def place_gang(
     if (not from_queue) if announce is None else announce:
         decision.emit(GangQueued(spec.gang_id, reasons, spec, requeued), cluster.name)
     return False
+
+
+def _quota_words(spec: GangSpec, message: str) -> str:
+    """The quota shortfall of a gang that does not start within its quota, naming what it needs at least: its
+    ``min_members`` with each role's minimum (contract v4; a gang without roles: the shortfall alone)."""
+    if not spec.min_members_per_role:
+        return message
+    roles = ", ".join(f"{n} of role {role!r}" for role, n in sorted(spec.min_members_per_role.items()))
+    return f"{message}; it needs at least {spec.min_members} member(s) with {roles} within its quota at once"
 
 
 def _plan_preemption(
