@@ -45,6 +45,7 @@ from processor.core.node_victims import (
     bound_terms,
     could_hold,
     could_hold_somewhere,
+    fewest_victims,
     lower_bound,
     minimal_level,
     try_node,
@@ -150,10 +151,7 @@ def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:
         deficit = shape.gpu_milli - most_free
     if deficit <= 0 or largest <= 0:
         return (1, 0)
-    fewest = -(-deficit // largest)
-    if whole and shape.num_gpu == gpu_count and gpu_pods > fewest:
-        fewest = gpu_pods
-    return (fewest, deficit)
+    return (fewest_victims(deficit, largest, whole and shape.num_gpu == gpu_count, gpu_pods), deficit)
 
 
 def _plan_pod_filed(
