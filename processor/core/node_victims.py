@@ -50,9 +50,15 @@ def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
 def gpus_fit(free: list[int], shape: PodShape) -> bool:
     if not shape.num_gpu:
         return True
-    if shape.gpu_milli >= GPU_MILLI:
-        return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
-    return max(free) >= shape.gpu_milli
+    if shape.gpu_milli < GPU_MILLI:
+        return max(free) >= shape.gpu_milli
+    if shape.num_gpu == 1:
+        return max(free, default=0) >= GPU_MILLI
+    whole = 0
+    for milli in free:
+        if milli >= GPU_MILLI:
+            whole += 1
+    return whole >= shape.num_gpu
 
 
 def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
@@ -140,6 +146,10 @@ def best_on_node(
         return None
     if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
         return None  # only one victim with less work could win here
+    if len(units) <= SEARCH_BUDGET:  # within it, the search below would find the same single victim
+        single = _least_single(node, shape, units, beat)
+        if single is not None:
+            return single
     ordered = [units[key] for key in sorted(units)]
     contributions = [_contribution(node.node_id, unit) for unit in ordered]
     need_cpu = shape.cpu_milli - node.cpu_free
@@ -196,6 +206,30 @@ def best_on_node(
     if best is None and budget < 0:
         return _greedy(node, shape, ordered, contributions, beat, spare)
     return None if best is None else (best[0], best[2])
+
+
+def _least_single(
+    node: Node, shape: PodShape, units: dict[str, Unit], beat: tuple[int, int] | None
+) -> tuple[tuple[int, int], list[Unit]] | None:
+    """The least set of one victim that makes room, if one does: the search's answer then, as every other set
+    takes more victims. Least under what the search orders by (work, then the victim's id, then the unit's key:
+    a one-member gang and its member alone are the same victim), beating ``beat``. One unit alone is always
+    allowed (:func:`_allowed_together`). O(U log U), U the units; None: the search goes on from sets of one."""
+    singles = sorted((unit.work, unit.pods[0].spec.pod_id, key) for key, unit in units.items() if len(unit.pods) == 1)
+    node_id = node.node_id
+    for work, _pod_id, key in singles:  # measure: the singles left
+        if beat is not None and (1, work) >= beat:
+            return None  # this one and every later one lose to the node that set ``beat``
+        unit = units[key]
+        cpu, memory, gpus = _contribution(node_id, unit)
+        if node.cpu_free + cpu < shape.cpu_milli or node.memory_free + memory < shape.memory_mib:
+            continue
+        gpu = list(node.gpu_free)
+        for index, milli in gpus:
+            gpu[index] += milli
+        if gpus_fit(gpu, shape):
+            return ((1, work), [unit])
+    return None
 
 
 def _allowed_together(chosen: list[Unit], spare: dict[str, tuple[int, dict[str, int]]]) -> bool:
