@@ -37,32 +37,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
 
 from sortedcontainers import SortedList
 
-from processor.core.resources import Held, NodeClass
-
-
-class Node(Protocol):
-    """What the index reads of a node (``processor.core.state.Node``, which imports this module)."""
-
-    node_id: str
-    gpu_model: str
-    node_class: NodeClass
-    cpu_milli: int
-    memory_mib: int
-    gpu_count: int
-    cpu_free: int
-    memory_free: int
-    gpu_free: list[int]
-    by_priority: dict[int, Held]
-    cordoned: bool
-    failed: bool
-
-    @property
-    def schedulable(self) -> bool: ...
-
+from processor.core.node import Node
+from processor.core.resources import NodeClass
 
 ClassKey = tuple
 """(GPU model, node class, CPU, memory, GPU count, CPU free, memory free, per level (priority, CPU,
@@ -331,7 +310,7 @@ class PreemptionIndex:
                 self._drop_bucket(was)
         elif node_id in self._filed:
             self._unfile(node_id)
-        node = nodes.get(node_id)
+        node = nodes[node_id] if node_id in nodes else None  # noqa: SIM401 (a fork copies on read)
         if node is None or not node.by_priority or node.cordoned or node.failed:
             return
         key, latest = pending_entry(node)
