@@ -315,9 +315,8 @@ class PreemptionIndex:
             return
         key, latest = pending_entry(node)
         self._pending_of[node_id] = key
-        bucket = pending.get(key)  # type: ignore[assignment]
-        if bucket is None:
-            bucket = self._new_bucket(key)
+        found = pending.get(key)
+        bucket = self._new_bucket(key) if found is None else found
         bucket.add_one(node_id, -latest)
 
     def refresh(self, nodes: Mapping[str, Node]) -> None:
@@ -328,7 +327,6 @@ class PreemptionIndex:
         self._own()
         pending, pending_of, filed = self.pending, self._pending_of, self._filed
         added: dict[PendingKey, dict[str, int]] = {}
-        node_of = nodes.get
         for node_id in self.dirty:  # the order does not matter: the content is canonical
             was = pending_of.pop(node_id, None)
             if was is not None:
@@ -338,9 +336,9 @@ class PreemptionIndex:
                     self._drop_bucket(was)
             elif node_id in filed:
                 self._unfile(node_id)
-            node = node_of(node_id)
-            if node is None:
+            if node_id not in nodes:
                 continue
+            node = nodes[node_id]
             if not node.by_priority or node.cordoned or node.failed:  # node.schedulable, inline
                 continue
             key, latest = pending_entry(node)
@@ -351,10 +349,8 @@ class PreemptionIndex:
             else:
                 into[node_id] = -latest
         for key, members in added.items():
-            bucket = pending.get(key)  # type: ignore[assignment]
-            if bucket is None:
-                bucket = self._new_bucket(key)
-            bucket.add(members)
+            found = pending.get(key)
+            (self._new_bucket(key) if found is None else found).add(members)
         self.dirty.clear()
         self._marked.clear()
 
