@@ -217,16 +217,22 @@ def _least_single(
     allowed (:func:`_allowed_together`). O(U log U), U the units; None: the search goes on from sets of one."""
     singles = sorted((unit.work, unit.pods[0].spec.pod_id, key) for key, unit in units.items() if len(unit.pods) == 1)
     node_id = node.node_id
+    cpu_free, memory_free = node.cpu_free, node.memory_free
     for work, _pod_id, key in singles:  # measure: the singles left
         if beat is not None and (1, work) >= beat:
             return None  # this one and every later one lose to the node that set ``beat``
         unit = units[key]
-        cpu, memory, gpus = _contribution(node_id, unit)
-        if node.cpu_free + cpu < shape.cpu_milli or node.memory_free + memory < shape.memory_mib:
+        pod = unit.pods[0]
+        here = pod.node_id == node_id  # else it frees nothing here (a gang's one member left, elsewhere)
+        spec = pod.spec
+        cpu = cpu_free + spec.cpu_milli if here else cpu_free
+        memory = memory_free + spec.memory_mib if here else memory_free
+        if cpu < shape.cpu_milli or memory < shape.memory_mib:
             continue
         gpu = list(node.gpu_free)
-        for index, milli in gpus:
-            gpu[index] += milli
+        if here:
+            for share in pod.gpus:
+                gpu[share.index] += share.milli
         if gpus_fit(gpu, shape):
             return ((1, work), [unit])
     return None

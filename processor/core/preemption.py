@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from processor.core.node_victims import (
     bound_terms,
@@ -85,7 +85,25 @@ def plan_pod(
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
     index = cluster.preemptible
     index.refresh(cluster.nodes)
-    best = _plan_pod_filed(cluster, shape, priority, now, allowed)
+    level, runs = _filed_runs(cluster, shape, priority)
+    best: PodPlan | None = None
+    met: set[str] = set()
+    least = _least_bound(runs, now) if level is not None else None
+    if level is not None and least is not None:
+        # Pending nodes whose bound ties or beats every filed node's (often a node the command itself just
+        # changed) are filed and searched first: the scan of the filed ones can then stop at once. The answer
+        # does not depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
+        promote = _pending_to_file(cluster, shape, priority, now, (level, *least), PROMOTE_FIRST)
+        if promote:
+            index.promote(promote, cluster.nodes)
+            best = _plan_pod_among(cluster, shape, priority, now, promote, None, allowed)
+            level, runs = _filed_runs(cluster, shape, priority)  # the classes changed
+            if best is not None and best.cost[0] == level:
+                met.update(promote)
+            else:
+                best = None  # another level: the scan starts afresh, the filed nodes now among its own
+    if level is not None:
+        best = _scan_filed(cluster, shape, level, runs, now, allowed, best, met)
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
@@ -154,10 +172,15 @@ def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:
     return (fewest_victims(deficit, largest, whole and shape.num_gpu == gpu_count, gpu_pods), deficit)
 
 
-def _plan_pod_filed(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
-) -> PodPlan | None:
-    """:func:`plan_pod` among the nodes filed in the preemption index's classes."""
+Run = tuple[Sequence, int, int, int]
+"""A sorted run of filed nodes: (entries, victims at least, GPU milli x, 1: timed); timed entries are (minus the
+latest start, node id) and bound a node by (victims, milli x its time running since), others are node ids
+bound by (1, 0)."""
+
+
+def _filed_runs(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
+    """The least victim level over the preemption index's classes, and the sorted runs of the classes at that
+    level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L)."""
     index = cluster.preemptible
     nodes = cluster.nodes
     at_level: list[tuple[int, VictimClass, Node]] = []
@@ -172,37 +195,62 @@ def _plan_pod_filed(
         if best_level is None or level < best_level:
             best_level, at_level = level, []
         at_level.append((level, group, node))
-    if best_level is None:
-        return None
-    # Merge the classes' sorted runs into one stream of (bound, node id), least first: exactly the
-    # order in which the scan below visits them.
-    heap: list[tuple[int, int, str, int]] = []
-    runs: list[tuple[Iterator, int, int, int]] = []  # (entries, victims at least, milli x, 0: constant)
+    runs: list[Run] = []
     for level, group, node in at_level:
         fewest, deficit = bound_terms(node, shape, level)
         if not fewest:
-            runs.append((iter(group.node_ids), 1, 0, 0))
+            runs.append((group.node_ids, 1, 0, 0))
             continue
         for (stream_level, milli), entries in group.streams.items():
             if stream_level > level:
                 continue
             if fewest > 1:
-                runs.append((iter(entries), fewest, deficit, 1))
+                runs.append((entries, fewest, deficit, 1))
             elif milli >= deficit:
-                runs.append((iter(entries), 1, milli, 1))
-    for run_id, run in enumerate(runs):
+                runs.append((entries, 1, milli, 1))
+    return best_level, runs
+
+
+def _least_bound(runs: list[Run], now: int) -> tuple[int, int] | None:
+    """The least (victims, work) bound among the runs' first nodes: no filed node at the level does better."""
+    least: tuple[int, int] | None = None
+    for entries, count, milli, timed in runs:
+        if entries:
+            bound = (count, milli * max(0, now + entries[0][0])) if timed else (1, 0)
+            if least is None or bound < least:
+                least = bound
+    return least
+
+
+def _scan_filed(
+    cluster: ClusterState,
+    shape: PodShape,
+    level: int,
+    runs: list[Run],
+    now: int,
+    allowed: Victims,
+    best: PodPlan | None,
+    met: set[str],
+) -> PodPlan | None:
+    """:func:`plan_pod` among the filed nodes at ``level``: the better of ``best`` (the plan of the nodes in
+    ``met``, skipped here) and the nodes met in the order of their bound until none can do better."""
+    nodes = cluster.nodes
+    # Merge the classes' sorted runs into one stream of (bound, node id), least first: exactly the
+    # order in which the scan below visits them.
+    heap: list[tuple[int, int, str, int]] = []
+    iterators: list[tuple[Iterator, int, int, int]] = [(iter(e), c, m, t) for e, c, m, t in runs]
+    for run_id, run in enumerate(iterators):
         _push_next(heap, run, run_id, now)
-    best: PodPlan | None = None
-    seen: set[str] = set()
-    while heap:
+    seen = met
+    while heap:  # measure: the runs' entries not yet met
         count, work, node_id, run_id = heapq.heappop(heap)
-        _push_next(heap, runs[run_id], run_id, now)
+        _push_next(heap, iterators[run_id], run_id, now)
         if node_id in seen:
-            continue  # met again on another run, with a bound no lower than the first
+            continue  # met again on another run, with a bound no lower than the first (or met before the scan)
         seen.add(node_id)
         if best is not None and (count, work) > best.cost[1:]:
             break  # neither this node nor any after it can do better
-        best = try_node(cluster, nodes[node_id], shape, best_level, now, best, allowed)
+        best = try_node(cluster, nodes[node_id], shape, level, now, best, allowed)
     return best
 
 
