@@ -191,7 +191,10 @@ class ClusterState:
     arrivals: int = 0  # accepted SubmitPods so far: the next PodSpec.arrival
     nodes: dict[str, Node] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
-    index: CapacityIndex = field(default_factory=CapacityIndex)
+    # The capacity index (read it as ``index``: the nodes changed since the last read are filed first) and those
+    # nodes, in the order first changed.
+    capacity: CapacityIndex = field(default_factory=CapacityIndex)
+    unindexed: dict[str, None] = field(default_factory=dict)
     queue: PendingQueue = field(default_factory=PendingQueue)
     model_nodes: dict[str, int] = field(default_factory=dict)  # GPU model -> nodes present
     gpu_milli_capacity: int = 0  # of nodes that are not failed
@@ -436,10 +439,29 @@ class ClusterState:
         if self.release_order is not None:
             self.release_changed[node.node_id] = None
         self.preemptible.touch(node.node_id, self.nodes)
-        if node.schedulable:
-            self.index.update(node.node_id, node.signature())
-        else:
-            self.index.remove(node.node_id)
+        self.unindexed[node.node_id] = None
+
+    @property
+    def index(self) -> CapacityIndex:
+        """The capacity index, every node changed since the last read filed under its signature first.
+
+        Filing waits for a read: a node changed many times in between (a gang's members and their victims
+        on one node, a trial and its rollback) is filed once, under where it ended; the index has the same
+        content either way (its lists of nodes are sorted, and every reader orders what it reads by stable
+        keys). O(nodes changed since the last read)."""
+        if self.unindexed:
+            self._file_changed()
+        return self.capacity
+
+    def _file_changed(self) -> None:
+        capacity, nodes = self.capacity, self.nodes
+        for node_id in self.unindexed:  # measure: the changed nodes not yet filed
+            node = lookup(nodes, node_id)
+            if node is not None and node.schedulable:
+                capacity.update(node_id, node.signature())
+            else:
+                capacity.remove(node_id)  # unschedulable, or removed since it changed
+        self.unindexed.clear()
 
     @property
     def unschedulable_nodes(self) -> int:
