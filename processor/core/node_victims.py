@@ -50,10 +50,12 @@ def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
 def gpus_fit(free: list[int], shape: PodShape) -> bool:
     if not shape.num_gpu:
         return True
-    if shape.gpu_milli < GPU_MILLI:
-        return max(free) >= shape.gpu_milli
-    if shape.num_gpu == 1:
-        return max(free, default=0) >= GPU_MILLI
+    if shape.gpu_milli < GPU_MILLI or shape.num_gpu == 1:  # one GPU with room for the share, or whole
+        need = min(shape.gpu_milli, GPU_MILLI)
+        for milli in free:  # a loop, not max(): compiled, it stays in C
+            if milli >= need:
+                return True
+        return False
     whole = 0
     for milli in free:
         if milli >= GPU_MILLI:

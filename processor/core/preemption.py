@@ -89,21 +89,27 @@ def plan_pod(
     best: PodPlan | None = None
     met: set[str] = set()
     least = _least_bound(runs, now) if level is not None else None
+    covered: tuple[int, int, int] | None = None  # every pending node bounded at most this is filed and met
     if level is not None and least is not None:
         # Pending nodes whose bound ties or beats every filed node's (often a node the command itself just
         # changed) are filed and searched first: the scan of the filed ones can then stop at once. The answer
         # does not depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
-        promote = _pending_to_file(cluster, shape, priority, now, (level, *least), PROMOTE_FIRST)
+        first = (level, *least)
+        promote = _pending_to_file(cluster, shape, priority, now, first, PROMOTE_FIRST)
+        if len(promote) < PROMOTE_FIRST:
+            covered = first
         if promote:
             index.promote(promote, cluster.nodes)
             best = _plan_pod_among(cluster, shape, priority, now, promote, None, allowed)
-            level, runs = _filed_runs(cluster, shape, priority)  # the classes changed
             if best is not None and best.cost[0] == level:
-                met.update(promote)
+                met.update(promote)  # the runs read above stay true: a node filed into them is met
             else:
-                best = None  # another level: the scan starts afresh, the filed nodes now among its own
+                best, covered = None, None  # another level: the scan starts afresh, those nodes now filed
+                level, runs = _filed_runs(cluster, shape, priority)
     if level is not None:
         best = _scan_filed(cluster, shape, level, runs, now, allowed, best, met)
+    if best is not None and covered is not None and best.cost <= covered:
+        return best  # a pending node that could tie or beat it was filed and met above
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
