@@ -148,10 +148,11 @@ def _pending_to_file(
         found: list[tuple[int, str]] = []
         for deficit, bucket in tiers[tier]:
             entries = bucket.ordered()
+            end = room
             if deficit and beat is not None and tier == beat[:2]:
                 # deficit x (now - latest) <= the work to beat  <=>  latest >= now - work // deficit
-                entries = entries[: bisect_left(entries, (beat[2] // deficit - now + 1,))]
-            found.extend((deficit * max(0, now + minus_latest), node_id) for minus_latest, node_id in entries[:room])
+                end = min(room, bisect_left(entries, (beat[2] // deficit - now + 1,)))
+            found.extend((deficit * max(0, now + minus_latest), node_id) for minus_latest, node_id in entries[:end])
         if len(found) > room:
             found = heapq.nsmallest(room, found)
         chosen.extend(node_id for _, node_id in found)
