@@ -117,8 +117,8 @@ def in_domain(shape: PodShape, key: str | None, value: str | None) -> PodShape:
     """A member's shape held to its gang's topology domain ``key=value`` (the whole cluster if ``key`` is None):
     the label joins its node selector. The preemption search then reads the domain's nodes only, from the
     preemption index (the classes and pending buckets with that label, :meth:`PreemptionIndex.buckets`), as
-    for any pod with a selector: O(C · L) for C classes, not O(N_d) per member. The domain is the nodes with
-    the label (``CapacityIndex.domain_nodes``), exactly those the selector admits."""
+    for any pod with a selector: O(C · L) for C classes, not O(N_d) per member. The domain is the schedulable
+    nodes with the label (``CapacityIndex.domains``), exactly those the selector admits."""
     if key is None or value is None or (key, value) in shape.node_selector:
         return shape
     return shape._replace(node_selector=tuple(sorted((*shape.node_selector, (key, value)))))

@@ -29,8 +29,11 @@ distinct node capacity could hold even emptied is decided before all that, in O(
 (``node_victims.could_hold_somewhere``). Pending nodes are bounded by bucket, from below
 (:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
 tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
-answer is the one over all nodes. Within a gang's domain (``near``) the nodes are bounded one by
-one instead: O(N · L).
+answer is the one over all nodes. Pending nodes whose bound ties or beats every filed node's (a node
+the command just changed, often) are filed and searched first, so the scan of the filed ones can stop at
+once. A gang's topology domain is searched as a node-selector label (``gang_preemption.in_domain``).
+Among ``near`` (a queue retry's changed nodes, the only ones where a waiting pod may preempt then) the
+nodes are bounded one by one instead: O(N · L).
 
 **A gang**: ``processor.core.gang_preemption``, member by member with this search.
 """
@@ -78,7 +81,7 @@ def plan_pod(
     """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
 
     Over the whole cluster from the preemption index (classes of alike nodes, see
-    ``processor.core.preemption_index``); among ``near`` (a gang's domain) node by node."""
+    ``processor.core.preemption_index``); among ``near`` node by node."""
     if near is not None:
         return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
