@@ -115,6 +115,12 @@ class TenantUsage:
         return sum(self.gpu.values())
 
 
+UNINDEXED_AT_MOST = 256
+"""Changed nodes that wait at most to be filed in the capacity index (``ClusterState.index``): enough for a
+gang's members and victims to settle on their nodes, few enough that the command reading the index next pays
+a bounded share (a few ms pure) for changes made before it."""
+
+
 def shape_of(spec: PodSpec) -> PodShape:
     return PodShape(
         spec.num_gpu,
@@ -439,7 +445,11 @@ class ClusterState:
         if self.release_order is not None:
             self.release_changed[node.node_id] = None
         self.preemptible.touch(node.node_id, self.nodes)
-        self.unindexed[node.node_id] = None
+        unindexed = self.unindexed
+        if node.node_id not in unindexed:
+            if len(unindexed) >= UNINDEXED_AT_MOST:  # the oldest change is filed now: a read files at most this many
+                self._file(next(iter(unindexed)))
+            unindexed[node.node_id] = None
 
     @property
     def index(self) -> CapacityIndex:
@@ -448,20 +458,25 @@ class ClusterState:
         Filing waits for a read: a node changed many times in between (a gang's members and their victims
         on one node, a trial and its rollback) is filed once, under where it ended; the index has the same
         content either way (its lists of nodes are sorted, and every reader orders what it reads by stable
-        keys). O(nodes changed since the last read)."""
+        keys). At most :data:`UNINDEXED_AT_MOST` nodes wait (past it, a change files the oldest waiting at
+        once), so a read pays for at most that many, not for a mass change made before it (10,000 nodes
+        added). O(nodes waiting)."""
         if self.unindexed:
             self._file_changed()
         return self.capacity
 
     def _file_changed(self) -> None:
-        capacity, nodes = self.capacity, self.nodes
-        for node_id in self.unindexed:  # measure: the changed nodes not yet filed
-            node = lookup(nodes, node_id)
-            if node is not None and node.schedulable:
-                capacity.update(node_id, node.signature())
-            else:
-                capacity.remove(node_id)  # unschedulable, or removed since it changed
-        self.unindexed.clear()
+        for node_id in list(self.unindexed):  # measure: the changed nodes not yet filed (at most UNINDEXED_AT_MOST)
+            self._file(node_id)
+
+    def _file(self, node_id: str) -> None:
+        """File one changed node in the capacity index now (the oldest, when too many wait)."""
+        del self.unindexed[node_id]
+        node = lookup(self.nodes, node_id)
+        if node is not None and node.schedulable:
+            self.capacity.update(node_id, node.signature())
+        else:
+            self.capacity.remove(node_id)  # unschedulable, or removed since it changed
 
     @property
     def unschedulable_nodes(self) -> int:
