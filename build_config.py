@@ -52,6 +52,7 @@ COMPILED: tuple[str, ...] = (
     "processor.core.timers",
     "processor.core.typical",
     "processor.core.quota_keys",
+    "processor.core.preemption_index",
     "processor.core.node",
     "processor.core.cohort_tree",
     "processor.core.state",

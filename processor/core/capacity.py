@@ -202,11 +202,6 @@ class CapacityIndex:
         fits = self.fits
         return [group for signature, group in groups.items() if fits(signature, shape)]
 
-    def domain_nodes(self, key: str, value: str) -> list[str]:
-        """The schedulable nodes labelled ``key=value``, sorted by id. O(n log n) for the domain's n nodes."""
-        groups = self._domain_groups.get(key, {}).get(value, {})
-        return sorted(node_id for group in groups.values() for node_id in group.node_ids)
-
     def gpu_free(self, model: str = "") -> int:
         """Idle GPU milli on schedulable nodes of ``model`` (default: every model). O(1)."""
         return self._gpu_free.get(model, 0)

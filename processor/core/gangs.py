@@ -248,11 +248,10 @@ def _trial(
     """Place members on trial in one domain and roll back: (placed members, the first that did not fit)."""
     placed: list[tuple[PodSpec, Choice]] = []
     missing: PodSpec | None = None
-    index = cluster.index
     nodes = cluster.nodes
     try:
         for position, (member, shape) in enumerate(zip(members, shapes, strict=True)):
-            groups = index.feasible_in(shape, key, value)
+            groups = cluster.index.feasible_in(shape, key, value)  # read again: the member before changed a node
             if not groups:
                 if missing is None:
                     missing = member

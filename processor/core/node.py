@@ -139,10 +139,13 @@ class Node:
         ``started_at`` feeds the per-priority summary a preemption search uses to skip the node."""
         if self.cpu_free < pod.cpu_milli or self.memory_free < pod.memory_mib:
             raise InvariantViolation(f"pod {pod.pod_id} over-commits CPU or memory on node {self.node_id}")
+        total = 0
         for share in gpus:
             if not 0 <= share.index < self.gpu_count or self.gpu_free[share.index] < share.milli:
                 raise InvariantViolation(f"pod {pod.pod_id} over-commits GPU {share.index} on node {self.node_id}")
-        if len({share.index for share in gpus}) != len(gpus) or sum(s.milli for s in gpus) != pod.gpu_milli_total:
+            total += share.milli
+        repeated = len(gpus) > 1 and len({share.index for share in gpus}) != len(gpus)  # a GPU twice
+        if repeated or total != pod.num_gpu * pod.gpu_milli:
             raise InvariantViolation(f"pod {pod.pod_id}: GPU assignment {gpus} does not match its request")
         memory = self.gpu_memory_free
         need = pod.gpu_memory_mib if memory else 0
@@ -183,9 +186,13 @@ class Node:
         level = victim_level(pod)
         held = self.by_priority[level]
         held_gpus = held.gpu_milli
+        gpu_free = self.gpu_free
+        over = False  # a GPU freed past its capacity (the other GPUs did not change)
         for share in gpus:
-            self.gpu_free[share.index] += share.milli
+            gpu_free[share.index] += share.milli
             held_gpus[share.index] -= share.milli
+            if gpu_free[share.index] > GPU_MILLI:
+                over = True
         memory = self.gpu_memory_free
         if memory and pod.gpu_memory_mib:
             for share in gpus:
@@ -202,7 +209,7 @@ class Node:
         else:
             held.drop_size(pod.num_gpu * pod.gpu_milli)
         del self.pods[pod.pod_id]
-        if self.cpu_free > self.cpu_milli or any(free > GPU_MILLI for free in self.gpu_free):
+        if self.cpu_free > self.cpu_milli or over:
             raise InvariantViolation(f"node {self.node_id} freed more than its capacity")
         if memory and any(free > self.gpu_memory_mib for free in memory):
             raise InvariantViolation(f"node {self.node_id} freed more GPU memory than it has")

@@ -50,9 +50,17 @@ def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
 def gpus_fit(free: list[int], shape: PodShape) -> bool:
     if not shape.num_gpu:
         return True
-    if shape.gpu_milli >= GPU_MILLI:
-        return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
-    return max(free) >= shape.gpu_milli
+    if shape.gpu_milli < GPU_MILLI or shape.num_gpu == 1:  # one GPU with room for the share, or whole
+        need = min(shape.gpu_milli, GPU_MILLI)
+        for milli in free:  # noqa: SIM110 (a loop, not max() or a generator: compiled, it stays in C)
+            if milli >= need:
+                return True
+        return False
+    whole = 0
+    for milli in free:
+        if milli >= GPU_MILLI:
+            whole += 1
+    return whole >= shape.num_gpu
 
 
 def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
@@ -140,6 +148,10 @@ def best_on_node(
         return None
     if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
         return None  # only one victim with less work could win here
+    if len(units) <= SEARCH_BUDGET:  # within it, the search below would find the same single victim
+        single = _least_single(node, shape, units, beat)
+        if single is not None:
+            return single
     ordered = [units[key] for key in sorted(units)]
     contributions = [_contribution(node.node_id, unit) for unit in ordered]
     need_cpu = shape.cpu_milli - node.cpu_free
@@ -196,6 +208,36 @@ def best_on_node(
     if best is None and budget < 0:
         return _greedy(node, shape, ordered, contributions, beat, spare)
     return None if best is None else (best[0], best[2])
+
+
+def _least_single(
+    node: Node, shape: PodShape, units: dict[str, Unit], beat: tuple[int, int] | None
+) -> tuple[tuple[int, int], list[Unit]] | None:
+    """The least set of one victim that makes room, if one does: the search's answer then, as every other set
+    takes more victims. Least under what the search orders by (work, then the victim's id, then the unit's key:
+    a one-member gang and its member alone are the same victim), beating ``beat``. One unit alone is always
+    allowed (:func:`_allowed_together`). O(U log U), U the units; None: the search goes on from sets of one."""
+    singles = sorted((unit.work, unit.pods[0].spec.pod_id, key) for key, unit in units.items() if len(unit.pods) == 1)
+    node_id = node.node_id
+    cpu_free, memory_free = node.cpu_free, node.memory_free
+    for work, _pod_id, key in singles:  # measure: the singles left
+        if beat is not None and (1, work) >= beat:
+            return None  # this one and every later one lose to the node that set ``beat``
+        unit = units[key]
+        pod = unit.pods[0]
+        here = pod.node_id == node_id  # else it frees nothing here (a gang's one member left, elsewhere)
+        spec = pod.spec
+        cpu = cpu_free + spec.cpu_milli if here else cpu_free
+        memory = memory_free + spec.memory_mib if here else memory_free
+        if cpu < shape.cpu_milli or memory < shape.memory_mib:
+            continue
+        gpu = list(node.gpu_free)
+        if here:
+            for share in pod.gpus:
+                gpu[share.index] += share.milli
+        if gpus_fit(gpu, shape):
+            return ((1, work), [unit])
+    return None
 
 
 def _allowed_together(chosen: list[Unit], spare: dict[str, tuple[int, dict[str, int]]]) -> bool:
@@ -291,29 +333,57 @@ def _rank(plan: PodPlan) -> tuple[int, int, int, str, tuple[str, ...]]:
     return (*plan.cost, plan.node_id, tuple(pod.spec.pod_id for pod in plan.victims))
 
 
+def fewest_victims(deficit: int, largest: int, takes_every_gpu: bool, gpu_pods: int) -> int:
+    """At least how many victims free ``deficit`` GPU milli when each frees at most ``largest`` (> 0); a pod
+    that wants every GPU of its node in whole (``takes_every_gpu``) takes every one of the ``gpu_pods`` pods
+    holding a GPU there along. Shared by the node bounds here and the preemption index's bucket bounds."""
+    fewest = -(-deficit // largest)
+    return gpu_pods if takes_every_gpu and gpu_pods > fewest else fewest
+
+
+def _takes_every_gpu(node: Node, shape: PodShape) -> bool:
+    return shape.num_gpu == node.gpu_count and shape.gpu_milli >= GPU_MILLI
+
+
+def _held_below(node: Node, level: int) -> tuple[int, int, dict[int, int], int]:
+    """What the node's pods of priority <= ``level`` hold, from the per-priority summary: (the largest GPU
+    milli of one pod with a start, how many pods hold a GPU, GPU milli -> latest start, the latest start of
+    all). A node with one level answers from that level's own summary, no dict built."""
+    by_priority = node.by_priority
+    if len(by_priority) == 1:  # the common node
+        held_level, held = next(iter(by_priority.items()))
+        if held_level > level:
+            return (0, 0, {}, -1)
+        return (held.largest_gpu_milli, held.gpu_pods, held.latest_starts, held.latest_start)
+    largest = gpu_pods = 0
+    newest = -1
+    latest: dict[int, int] = {}
+    for priority, held in by_priority.items():
+        if priority <= level:
+            gpu_pods += held.gpu_pods
+            if largest < held.largest_gpu_milli:
+                largest = held.largest_gpu_milli
+            if newest < held.latest_start:
+                newest = held.latest_start
+            for milli, started in held.latest_starts.items():
+                if latest.get(milli, -1) < started:
+                    latest[milli] = started
+    return (largest, gpu_pods, latest, newest)
+
+
 def bound_terms(node: Node, shape: PodShape, level: int) -> tuple[int, int]:
     """(at least how many victims, GPU milli they must free) on the node, from what its pods of priority
     <= ``level`` hold, start times aside; (0, 0) if the GPUs give no bound (the bound is then (1, 0)).
 
-    Victims must free the GPU the node lacks, each at most the largest GPU a pod there holds; a pod that
-    wants every GPU of the node in whole takes every pod holding a GPU there along. Alike for the nodes
-    of one preemption-index class."""
+    Victims must free the GPU the node lacks, each at most the largest GPU a pod there holds
+    (:func:`fewest_victims`). Alike for the nodes of one preemption-index class."""
     deficit = gpu_deficit(node.gpu_free, shape)
     if not deficit:
         return (0, 0)
-    largest = gpu_pods = 0
-    for priority, held in node.by_priority.items():
-        if priority <= level:
-            gpu_pods += held.gpu_pods
-            for milli in held.latest_starts:
-                if milli > largest:
-                    largest = milli
+    largest, gpu_pods, _latest, _newest = _held_below(node, level)
     if largest <= 0:
         return (0, 0)
-    fewest = -(-deficit // largest)
-    if shape.num_gpu == node.gpu_count and shape.gpu_milli >= GPU_MILLI and gpu_pods > fewest:
-        fewest = gpu_pods
-    return (fewest, deficit)
+    return (fewest_victims(deficit, largest, _takes_every_gpu(node, shape), gpu_pods), deficit)
 
 
 def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int, int]:
@@ -321,32 +391,15 @@ def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int,
     summary (no pod is visited): :func:`bound_terms`, every GPU milli freed running since the latest
     start of a pod there at least; one victim alone loses at least its GPU x its time running. Latest
     starts are never lowered when a pod leaves, so the bound stays a bound."""
-    by_priority = node.by_priority
-    if len(by_priority) == 1:  # one level (at most ``level``): its summary answers, kept beside its dicts
-        for held_level, held in by_priority.items():
-            if held_level > level:
-                return (1, 0)  # nothing to take at or below the level: no bound
-            deficit = gpu_deficit(node.gpu_free, shape)
-            largest = held.largest_gpu_milli  # the largest size with a start: max(held.latest_starts)
-            if not deficit or largest <= 0:
-                return (1, 0)
-            fewest = -(-deficit // largest)
-            if shape.num_gpu == node.gpu_count and shape.gpu_milli >= GPU_MILLI and held.gpu_pods > fewest:
-                fewest = held.gpu_pods
-            if fewest > 1:
-                return (fewest, deficit * max(0, now - held.latest_start))
-            return (1, min(m * max(0, now - t) for m, t in held.latest_starts.items() if m >= deficit))
-    fewest, deficit = bound_terms(node, shape, level)
-    if not fewest:
+    deficit = gpu_deficit(node.gpu_free, shape)
+    if not deficit:
         return (1, 0)
-    latest: dict[int, int] = {}
-    for priority, held in node.by_priority.items():
-        if priority <= level:
-            for milli, started in held.latest_starts.items():
-                if latest.get(milli, -1) < started:
-                    latest[milli] = started
+    largest, gpu_pods, latest, newest = _held_below(node, level)
+    if largest <= 0:
+        return (1, 0)
+    fewest = fewest_victims(deficit, largest, _takes_every_gpu(node, shape), gpu_pods)
     if fewest > 1:  # every GPU milli freed ran at least since the latest start of a pod here
-        return (fewest, deficit * max(0, now - max(latest.values())))
+        return (fewest, deficit * max(0, now - newest))
     return (1, min(m * max(0, now - t) for m, t in latest.items() if m >= deficit))
 
 

@@ -29,8 +29,11 @@ distinct node capacity could hold even emptied is decided before all that, in O(
 (``node_victims.could_hold_somewhere``). Pending nodes are bounded by bucket, from below
 (:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
 tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
-answer is the one over all nodes. Within a gang's domain (``near``) the nodes are bounded one by
-one instead: O(N · L).
+answer is the one over all nodes. Pending nodes whose bound ties or beats every filed node's (a node
+the command just changed, often) are filed and searched first, so the scan of the filed ones can stop at
+once. A gang's topology domain is searched as a node-selector label (``gang_preemption.in_domain``).
+Among ``near`` (a queue retry's changed nodes, the only ones where a waiting pod may preempt then) the
+nodes are bounded one by one instead: O(N · L).
 
 **A gang**: ``processor.core.gang_preemption``, member by member with this search.
 """
@@ -39,12 +42,13 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_left
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from processor.core.node_victims import (
     bound_terms,
     could_hold,
     could_hold_somewhere,
+    fewest_victims,
     lower_bound,
     minimal_level,
     try_node,
@@ -77,14 +81,38 @@ def plan_pod(
     """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
 
     Over the whole cluster from the preemption index (classes of alike nodes, see
-    ``processor.core.preemption_index``); among ``near`` (a gang's domain) node by node."""
+    ``processor.core.preemption_index``); among ``near`` node by node."""
     if near is not None:
         return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
     index = cluster.preemptible
     index.refresh(cluster.nodes)
-    best = _plan_pod_filed(cluster, shape, priority, now, allowed)
+    level, runs = _filed_runs(cluster, shape, priority)
+    best: PodPlan | None = None
+    met: set[str] = set()
+    least = _least_bound(runs, now) if level is not None else None
+    covered: tuple[int, int, int] | None = None  # every pending node bounded at most this is filed and met
+    if level is not None and least is not None:
+        # Pending nodes whose bound ties or beats every filed node's (often a node the command itself just
+        # changed) are filed and searched first: the scan of the filed ones can then stop at once. The answer
+        # does not depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
+        first = (level, *least)
+        promote = _pending_to_file(cluster, shape, priority, now, first, PROMOTE_FIRST)
+        if len(promote) < PROMOTE_FIRST:
+            covered = first
+        if promote:
+            index.promote(promote, cluster.nodes)
+            best = _plan_pod_among(cluster, shape, priority, now, promote, None, allowed)
+            if best is not None and best.cost[0] == level:
+                met.update(promote)  # the runs read above stay true: a node filed into them is met
+            else:
+                best, covered = None, None  # another level: the scan starts afresh, those nodes now filed
+                level, runs = _filed_runs(cluster, shape, priority)
+    if level is not None:
+        best = _scan_filed(cluster, shape, level, runs, now, allowed, best, met)
+    if best is not None and covered is not None and best.cost <= covered:
+        return best  # a pending node that could tie or beat it was filed and met above
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
@@ -123,10 +151,11 @@ def _pending_to_file(
         found: list[tuple[int, str]] = []
         for deficit, bucket in tiers[tier]:
             entries = bucket.ordered()
+            end = room
             if deficit and beat is not None and tier == beat[:2]:
                 # deficit x (now - latest) <= the work to beat  <=>  latest >= now - work // deficit
-                entries = entries[: bisect_left(entries, (beat[2] // deficit - now + 1,))]
-            found.extend((deficit * max(0, now + minus_latest), node_id) for minus_latest, node_id in entries[:room])
+                end = min(room, bisect_left(entries, (beat[2] // deficit - now + 1,)))
+            found.extend((deficit * max(0, now + minus_latest), node_id) for minus_latest, node_id in entries[:end])
         if len(found) > room:
             found = heapq.nsmallest(room, found)
         chosen.extend(node_id for _, node_id in found)
@@ -150,16 +179,18 @@ def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:
         deficit = shape.gpu_milli - most_free
     if deficit <= 0 or largest <= 0:
         return (1, 0)
-    fewest = -(-deficit // largest)
-    if whole and shape.num_gpu == gpu_count and gpu_pods > fewest:
-        fewest = gpu_pods
-    return (fewest, deficit)
+    return (fewest_victims(deficit, largest, whole and shape.num_gpu == gpu_count, gpu_pods), deficit)
 
 
-def _plan_pod_filed(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
-) -> PodPlan | None:
-    """:func:`plan_pod` among the nodes filed in the preemption index's classes."""
+Run = tuple[Sequence, int, int, int]
+"""A sorted run of filed nodes: (entries, victims at least, GPU milli x, 1: timed); timed entries are (minus the
+latest start, node id) and bound a node by (victims, milli x its time running since), others are node ids
+bound by (1, 0)."""
+
+
+def _filed_runs(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
+    """The least victim level over the preemption index's classes, and the sorted runs of the classes at that
+    level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L)."""
     index = cluster.preemptible
     nodes = cluster.nodes
     at_level: list[tuple[int, VictimClass, Node]] = []
@@ -174,37 +205,62 @@ def _plan_pod_filed(
         if best_level is None or level < best_level:
             best_level, at_level = level, []
         at_level.append((level, group, node))
-    if best_level is None:
-        return None
-    # Merge the classes' sorted runs into one stream of (bound, node id), least first: exactly the
-    # order in which the scan below visits them.
-    heap: list[tuple[int, int, str, int]] = []
-    runs: list[tuple[Iterator, int, int, int]] = []  # (entries, victims at least, milli x, 0: constant)
+    runs: list[Run] = []
     for level, group, node in at_level:
         fewest, deficit = bound_terms(node, shape, level)
         if not fewest:
-            runs.append((iter(group.node_ids), 1, 0, 0))
+            runs.append((group.node_ids, 1, 0, 0))
             continue
         for (stream_level, milli), entries in group.streams.items():
             if stream_level > level:
                 continue
             if fewest > 1:
-                runs.append((iter(entries), fewest, deficit, 1))
+                runs.append((entries, fewest, deficit, 1))
             elif milli >= deficit:
-                runs.append((iter(entries), 1, milli, 1))
-    for run_id, run in enumerate(runs):
+                runs.append((entries, 1, milli, 1))
+    return best_level, runs
+
+
+def _least_bound(runs: list[Run], now: int) -> tuple[int, int] | None:
+    """The least (victims, work) bound among the runs' first nodes: no filed node at the level does better."""
+    least: tuple[int, int] | None = None
+    for entries, count, milli, timed in runs:
+        if entries:
+            bound = (count, milli * max(0, now + entries[0][0])) if timed else (1, 0)
+            if least is None or bound < least:
+                least = bound
+    return least
+
+
+def _scan_filed(
+    cluster: ClusterState,
+    shape: PodShape,
+    level: int,
+    runs: list[Run],
+    now: int,
+    allowed: Victims,
+    best: PodPlan | None,
+    met: set[str],
+) -> PodPlan | None:
+    """:func:`plan_pod` among the filed nodes at ``level``: the better of ``best`` (the plan of the nodes in
+    ``met``, skipped here) and the nodes met in the order of their bound until none can do better."""
+    nodes = cluster.nodes
+    # Merge the classes' sorted runs into one stream of (bound, node id), least first: exactly the
+    # order in which the scan below visits them.
+    heap: list[tuple[int, int, str, int]] = []
+    iterators: list[tuple[Iterator, int, int, int]] = [(iter(e), c, m, t) for e, c, m, t in runs]
+    for run_id, run in enumerate(iterators):
         _push_next(heap, run, run_id, now)
-    best: PodPlan | None = None
-    seen: set[str] = set()
-    while heap:
+    seen = met
+    while heap:  # measure: the runs' entries not yet met
         count, work, node_id, run_id = heapq.heappop(heap)
-        _push_next(heap, runs[run_id], run_id, now)
+        _push_next(heap, iterators[run_id], run_id, now)
         if node_id in seen:
-            continue  # met again on another run, with a bound no lower than the first
+            continue  # met again on another run, with a bound no lower than the first (or met before the scan)
         seen.add(node_id)
         if best is not None and (count, work) > best.cost[1:]:
             break  # neither this node nor any after it can do better
-        best = try_node(cluster, nodes[node_id], shape, best_level, now, best, allowed)
+        best = try_node(cluster, nodes[node_id], shape, level, now, best, allowed)
     return best
 
 

@@ -37,32 +37,11 @@ from __future__ import annotations
 from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
-from typing import Protocol
 
 from sortedcontainers import SortedList
 
-from processor.core.resources import Held, NodeClass
-
-
-class Node(Protocol):
-    """What the index reads of a node (``processor.core.state.Node``, which imports this module)."""
-
-    node_id: str
-    gpu_model: str
-    node_class: NodeClass
-    cpu_milli: int
-    memory_mib: int
-    gpu_count: int
-    cpu_free: int
-    memory_free: int
-    gpu_free: list[int]
-    by_priority: dict[int, Held]
-    cordoned: bool
-    failed: bool
-
-    @property
-    def schedulable(self) -> bool: ...
-
+from processor.core.node import Node
+from processor.core.resources import NodeClass
 
 ClassKey = tuple
 """(GPU model, node class, CPU, memory, GPU count, CPU free, memory free, per level (priority, CPU,
@@ -331,14 +310,13 @@ class PreemptionIndex:
                 self._drop_bucket(was)
         elif node_id in self._filed:
             self._unfile(node_id)
-        node = nodes.get(node_id)
+        node = nodes[node_id] if node_id in nodes else None  # noqa: SIM401 (a fork copies on read)
         if node is None or not node.by_priority or node.cordoned or node.failed:
             return
         key, latest = pending_entry(node)
         self._pending_of[node_id] = key
-        bucket = pending.get(key)  # type: ignore[assignment]
-        if bucket is None:
-            bucket = self._new_bucket(key)
+        found = pending.get(key)
+        bucket = self._new_bucket(key) if found is None else found
         bucket.add_one(node_id, -latest)
 
     def refresh(self, nodes: Mapping[str, Node]) -> None:
@@ -349,7 +327,6 @@ class PreemptionIndex:
         self._own()
         pending, pending_of, filed = self.pending, self._pending_of, self._filed
         added: dict[PendingKey, dict[str, int]] = {}
-        node_of = nodes.get
         for node_id in self.dirty:  # the order does not matter: the content is canonical
             was = pending_of.pop(node_id, None)
             if was is not None:
@@ -359,9 +336,9 @@ class PreemptionIndex:
                     self._drop_bucket(was)
             elif node_id in filed:
                 self._unfile(node_id)
-            node = node_of(node_id)
-            if node is None:
+            if node_id not in nodes:
                 continue
+            node = nodes[node_id]
             if not node.by_priority or node.cordoned or node.failed:  # node.schedulable, inline
                 continue
             key, latest = pending_entry(node)
@@ -372,10 +349,8 @@ class PreemptionIndex:
             else:
                 into[node_id] = -latest
         for key, members in added.items():
-            bucket = pending.get(key)  # type: ignore[assignment]
-            if bucket is None:
-                bucket = self._new_bucket(key)
-            bucket.add(members)
+            found = pending.get(key)
+            (self._new_bucket(key) if found is None else found).add(members)
         self.dirty.clear()
         self._marked.clear()
 

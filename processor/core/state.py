@@ -115,14 +115,20 @@ class TenantUsage:
         return sum(self.gpu.values())
 
 
+UNINDEXED_AT_MOST = 256
+"""Changed nodes that wait at most to be filed in the capacity index (``ClusterState.index``): enough for a
+gang's members and victims to settle on their nodes, few enough that the command reading the index next pays
+a bounded share (a few ms pure) for changes made before it."""
+
+
 def shape_of(spec: PodSpec) -> PodShape:
     return PodShape(
         spec.num_gpu,
         spec.gpu_milli,
         spec.cpu_milli,
         spec.memory_mib,
-        tuple(sorted(set(spec.gpu_models))),
-        tuple(sorted(spec.node_selector.items())),
+        tuple(sorted(set(spec.gpu_models))) if spec.gpu_models else (),
+        tuple(sorted(spec.node_selector.items())) if spec.node_selector else (),
         spec.tolerations,
         spec.time_limit_ms,
         spec.gpu_memory_mib,
@@ -191,7 +197,10 @@ class ClusterState:
     arrivals: int = 0  # accepted SubmitPods so far: the next PodSpec.arrival
     nodes: dict[str, Node] = field(default_factory=dict)
     pods: dict[str, Pod] = field(default_factory=dict)
-    index: CapacityIndex = field(default_factory=CapacityIndex)
+    # The capacity index (read it as ``index``: the nodes changed since the last read are filed first) and those
+    # nodes, in the order first changed.
+    capacity: CapacityIndex = field(default_factory=CapacityIndex)
+    unindexed: dict[str, None] = field(default_factory=dict)
     queue: PendingQueue = field(default_factory=PendingQueue)
     model_nodes: dict[str, int] = field(default_factory=dict)  # GPU model -> nodes present
     gpu_milli_capacity: int = 0  # of nodes that are not failed
@@ -436,10 +445,38 @@ class ClusterState:
         if self.release_order is not None:
             self.release_changed[node.node_id] = None
         self.preemptible.touch(node.node_id, self.nodes)
-        if node.schedulable:
-            self.index.update(node.node_id, node.signature())
+        unindexed = self.unindexed
+        if node.node_id not in unindexed:
+            if len(unindexed) >= UNINDEXED_AT_MOST:  # the oldest change is filed now: a read files at most this many
+                self._file(next(iter(unindexed)))
+            unindexed[node.node_id] = None
+
+    @property
+    def index(self) -> CapacityIndex:
+        """The capacity index, every node changed since the last read filed under its signature first.
+
+        Filing waits for a read: a node changed many times in between (a gang's members and their victims
+        on one node, a trial and its rollback) is filed once, under where it ended; the index has the same
+        content either way (its lists of nodes are sorted, and every reader orders what it reads by stable
+        keys). At most :data:`UNINDEXED_AT_MOST` nodes wait (past it, a change files the oldest waiting at
+        once), so a read pays for at most that many, not for a mass change made before it (10,000 nodes
+        added). O(nodes waiting)."""
+        if self.unindexed:
+            self._file_changed()
+        return self.capacity
+
+    def _file_changed(self) -> None:
+        for node_id in list(self.unindexed):  # measure: the changed nodes not yet filed (at most UNINDEXED_AT_MOST)
+            self._file(node_id)
+
+    def _file(self, node_id: str) -> None:
+        """File one changed node in the capacity index now (the oldest, when too many wait)."""
+        del self.unindexed[node_id]
+        node = lookup(self.nodes, node_id)
+        if node is not None and node.schedulable:
+            self.capacity.update(node_id, node.signature())
         else:
-            self.index.remove(node.node_id)
+            self.capacity.remove(node_id)  # unschedulable, or removed since it changed
 
     @property
     def unschedulable_nodes(self) -> int:

@@ -348,3 +348,33 @@ def test_a_what_if_fork_preempts_on_its_own_copy_of_the_preemption_index() -> No
     forked.preemptible.refresh(forked.nodes)
     assert forked.preemptible.content(forked.nodes) == rebuilt(forked) != before
     assert live.content(fold.cluster.nodes) == before == rebuilt(fold.cluster)
+
+
+def test_the_capacity_index_files_changed_nodes_on_read_and_keeps_a_bounded_number_waiting() -> None:
+    """A node changed since the capacity index was last read waits to be filed (a gang's members and victims
+    move a node many times in one command); reading the index files every waiting node first, and past
+    ``UNINDEXED_AT_MOST`` a change files the oldest waiting node at once, so no read pays for a mass change
+    made before it. Whatever waits, a read sees the index a rebuild from the nodes would give."""
+    from processor.core import state as state_module
+    from processor.core.capacity import CapacityIndex
+
+    def rebuilt(cluster: ClusterState) -> dict:
+        schedulable = {n: node.signature() for n, node in cluster.nodes.items() if node.schedulable}
+        return CapacityIndex().rebuilt(schedulable).content()
+
+    fold = Fold()
+    count = state_module.UNINDEXED_AT_MOST + 50
+    for i in range(count):
+        fold.run(AddNode(f"n{i:04d}", 64_000, 512_000, "A100", 8))
+    cluster = fold.cluster
+    assert len(cluster.unindexed) == state_module.UNINDEXED_AT_MOST  # the oldest 50 were filed as more came
+    assert next(iter(cluster.unindexed)) == "n0050"
+    assert sorted(cluster.capacity.content()[next(iter(cluster.capacity.content()))]) == [
+        f"n{i:04d}" for i in range(50)
+    ]
+    assert cluster.index.content() == rebuilt(cluster)  # the read filed the rest
+    assert not cluster.unindexed
+    fold.run(SubmitPod("p", "t", 0, 8, 1000, 1000, 1024))  # fills n0000 whole
+    assert fold.placement("p") == "n0000"
+    assert cluster.index.content() == rebuilt(cluster)
+    assert cluster.index.signature_of("n0000").gpu_free == (0,) * 8  # type: ignore[union-attr]
