@@ -216,11 +216,16 @@ def _dry_fit(
         if need <= free < GPU_MILLI and nodes[node_id].schedulable
     )
     position = entries.bisect_left((need, "", -1))
+    length = len(entries)  # a dry run changes no list
     taken = 0
     for looked in range(1, SCAN + 1):  # measure: at most SCAN entries
-        while position < len(entries) and (entries[position][1], entries[position][2]) in gpu:
+        entry = None
+        while position < length:  # measure: the entries left
+            listed = entries[position]  # read once: a sorted list's item costs a search
+            if (listed[1], listed[2]) not in gpu:
+                entry = listed
+                break
             position += 1  # a GPU the moves changed: filed at its new free milli instead
-        entry = entries[position] if position < len(entries) else None
         if taken < len(moved) and (entry is None or moved[taken] < entry):
             entry = moved[taken]
             taken += 1

@@ -26,7 +26,7 @@ from processor.core.preemption_plans import (
     work_lost,
 )
 from processor.core.resources import PodShape
-from processor.core.state import ClusterState, Node, lookup
+from processor.core.state import ClusterState, Node, Pod, lookup
 from schemas.commands import GPU_MILLI
 
 SEARCH_BUDGET = 20_000
@@ -122,36 +122,47 @@ def best_on_node(
     CPU or memory could not cover what is missing, and a set whose count or work cannot win is not
     checked. At most :data:`SEARCH_BUDGET` sets per node; past it, the greedy set."""
     pods = cluster.pods
-    units: dict[str, Unit] = {}
-    # Gangs whose members above min_members go one by one (disruption above_min): how many, and per role with a
-    # min_members_per_role how many of that role.
-    spare: dict[str, tuple[int, dict[str, int]]] = {}
+    # Plain pods (no gang) as (work, id, id, pod): most nodes run no gang member, and then the least single
+    # victim needs no unit built (:func:`_least_single`).
+    plain: list[tuple[int, str, str, Pod]] = []
+    members = False
     for pod_id in node.pods:
         pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
         if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
             continue
         spec = pod.spec
-        gang_id = spec.gang_id
-        if gang_id is None:
+        if spec.gang_id is None:
             started = pod.started_at if pod.started_at is not None else now
-            units[pod_id] = Unit(pod_id, spec.priority, (pod,), spec.num_gpu * spec.gpu_milli * max(0, now - started))
-            continue
-        if gang_id not in units:
-            units[gang_id] = unit_of(cluster, pod, now)
-            if pods_spare := spare_members(cluster, pod):
-                spare[gang_id] = (pods_spare, role_spares(cluster, gang_id))
-        if gang_id in spare and spare[gang_id][1].get(spec.role or "", 1) > 0:  # its role (if any) spares one
-            units[pod_id] = Unit(pod_id, spec.priority, (pod,), work_lost(pod, now))  # see _allowed_together
-    if allowed.restricts:
-        units = {key: unit for key, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
-    if not units:
-        return None
-    if beat is not None and beat[0] == 1 and all(unit.count > 1 or unit.work >= beat[1] for unit in units.values()):
-        return None  # only one victim with less work could win here
-    if len(units) <= SEARCH_BUDGET:  # within it, the search below would find the same single victim
-        single = _least_single(node, shape, units, beat)
-        if single is not None:
-            return single
+            plain.append((spec.num_gpu * spec.gpu_milli * max(0, now - started), pod_id, pod_id, pod))
+        else:
+            members = True
+    spare: dict[str, tuple[int, dict[str, int]]] = {}
+    if not members and not allowed.restricts:
+        if not plain:
+            return None
+        if beat is not None and beat[0] == 1 and all(entry[0] >= beat[1] for entry in plain):
+            return None  # only one victim with less work could win here
+        if len(plain) <= SEARCH_BUDGET:  # within it, the search below would find the same single victim
+            single = _least_single(node, shape, sorted(plain), beat)
+            if single is not None:
+                work, _key, pod = single
+                return ((1, work), [Unit(pod.spec.pod_id, pod.spec.priority, (pod,), work)])
+        units = {pod_id: Unit(pod_id, pod.spec.priority, (pod,), work) for work, pod_id, _, pod in plain}
+    else:
+        units, spare = _units_on(cluster, node, level, now)
+        if allowed.restricts:
+            units = {k: unit for k, unit in units.items() if all(allowed.allow(cluster, pod) for pod in unit.pods)}
+        if not units:
+            return None
+        if beat is not None and beat[0] == 1 and all(u.count > 1 or u.work >= beat[1] for u in units.values()):
+            return None  # only one victim with less work could win here
+        if len(units) <= SEARCH_BUDGET:  # within it, the search below would find the same single victim
+            singles = sorted(
+                (u.work, u.pods[0].spec.pod_id, key, u.pods[0]) for key, u in units.items() if u.count == 1
+            )
+            single = _least_single(node, shape, singles, beat)
+            if single is not None:
+                return ((1, single[0]), [units[single[1]]])
     ordered = [units[key] for key in sorted(units)]
     contributions = [_contribution(node.node_id, unit) for unit in ordered]
     need_cpu = shape.cpu_milli - node.cpu_free
@@ -210,21 +221,47 @@ def best_on_node(
     return None if best is None else (best[0], best[2])
 
 
+def _units_on(
+    cluster: ClusterState, node: Node, level: int, now: int
+) -> tuple[dict[str, Unit], dict[str, tuple[int, dict[str, int]]]]:
+    """The units of priority <= ``level`` on the node (a plain pod, a gang whole, a gang's member alone when
+    its gang may lose it alone), and the gangs whose members above ``min_members`` may go one by one
+    (``disruption: above_min``): how many, and per role with a ``min_members_per_role`` how many of that role."""
+    pods = cluster.pods
+    units: dict[str, Unit] = {}
+    spare: dict[str, tuple[int, dict[str, int]]] = {}
+    for pod_id in node.pods:
+        pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
+        if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
+            continue
+        spec = pod.spec
+        gang_id = spec.gang_id
+        if gang_id is None:
+            units[pod_id] = Unit(pod_id, spec.priority, (pod,), work_lost(pod, now))
+            continue
+        if gang_id not in units:
+            units[gang_id] = unit_of(cluster, pod, now)
+            if pods_spare := spare_members(cluster, pod):
+                spare[gang_id] = (pods_spare, role_spares(cluster, gang_id))
+        if gang_id in spare and spare[gang_id][1].get(spec.role or "", 1) > 0:  # its role (if any) spares one
+            units[pod_id] = Unit(pod_id, spec.priority, (pod,), work_lost(pod, now))  # see _allowed_together
+    return units, spare
+
+
 def _least_single(
-    node: Node, shape: PodShape, units: dict[str, Unit], beat: tuple[int, int] | None
-) -> tuple[tuple[int, int], list[Unit]] | None:
+    node: Node, shape: PodShape, singles: list[tuple[int, str, str, Pod]], beat: tuple[int, int] | None
+) -> tuple[int, str, Pod] | None:
     """The least set of one victim that makes room, if one does: the search's answer then, as every other set
-    takes more victims. Least under what the search orders by (work, then the victim's id, then the unit's key:
-    a one-member gang and its member alone are the same victim), beating ``beat``. One unit alone is always
-    allowed (:func:`_allowed_together`). O(U log U), U the units; None: the search goes on from sets of one."""
-    singles = sorted((unit.work, unit.pods[0].spec.pod_id, key) for key, unit in units.items() if len(unit.pods) == 1)
+    takes more victims. ``singles``: the one-pod units as (work, pod id, unit key, pod), sorted, which is the
+    order the search keeps (work, then the victim's id, then the unit's key: a one-member gang and its member
+    alone are the same victim); the first that makes room and beats ``beat`` wins, as (work, key, pod). One unit
+    alone is always allowed (:func:`_allowed_together`). O(U), U the singles; None: the search goes on from
+    sets of one."""
     node_id = node.node_id
     cpu_free, memory_free = node.cpu_free, node.memory_free
-    for work, _pod_id, key in singles:  # measure: the singles left
+    for work, _pod_id, key, pod in singles:  # measure: the singles left
         if beat is not None and (1, work) >= beat:
             return None  # this one and every later one lose to the node that set ``beat``
-        unit = units[key]
-        pod = unit.pods[0]
         here = pod.node_id == node_id  # else it frees nothing here (a gang's one member left, elsewhere)
         spec = pod.spec
         cpu = cpu_free + spec.cpu_milli if here else cpu_free
@@ -236,7 +273,7 @@ def _least_single(
             for share in pod.gpus:
                 gpu[share.index] += share.milli
         if gpus_fit(gpu, shape):
-            return ((1, work), [unit])
+            return (work, key, pod)
     return None
 
 

@@ -311,6 +311,8 @@ def _plan_pod_among(
         if best.cost[0] < best_level:
             return best  # a lower victim priority than any here
         best = None
+    if best is None and len(levels) == 1:  # one node and nothing to beat: no bound to order or stop by
+        return try_node(cluster, nodes[levels[0][1]], shape, best_level, now, None, allowed)
     bounds = sorted(
         (lower_bound(nodes[node_id], shape, level, now), node_id) for level, node_id in levels if level == best_level
     )
