@@ -6,8 +6,8 @@ includes any collection the command set off: while a state grows, CPython starts
 the objects promoted pass a quarter of those alive). Two modes, each in a fresh child process:
 
 - ``default``: CPython's collector as it comes (what the processor did before ``processor.runtime.collector``);
-- ``frozen``: the processor's policy: collect and freeze every ``collector.FREEZE_EVERY`` commands, between
-  commands (those pauses are timed apart: a processor pays them between batches).
+- ``frozen``: the processor's policy: collect and freeze at start and every ``collector.FREEZE_EVERY`` commands,
+  between commands (those pauses are timed apart: a processor pays them between batches).
 
     python bench/gc_pauses.py                          # 10,000 nodes, 100,000 pods, 30,000 rounds
     python bench/gc_pauses.py --nodes 2000 --pods 20000 --rounds 10000
@@ -35,6 +35,8 @@ def child(mode: str, nodes: int, pods: int, rounds: int) -> dict[str, object]:
     state = PartitionState()
     collector = Collector() if mode == "frozen" else None
     freezes: list[float] = []
+    if collector is not None:
+        freezes.append(collector.now())  # at start, as ``gpufold run`` and the Kafka runner do
     times: list[float] = []
     clock = time.process_time
     for offset, command in enumerate(commands):
