@@ -33,6 +33,7 @@ def child(case: str, nodes: int, pods: int) -> None:
 
     from processor.core.fold import decide
     from processor.core.state import PartitionState
+    from processor.runtime.collector import Collector
     from tests import adversarial
 
     commands = worst_case.CASES[case](nodes, pods)
@@ -40,6 +41,7 @@ def child(case: str, nodes: int, pods: int) -> None:
     state = PartitionState()
     for command in commands[:first]:
         decide(state, command)
+    Collector().restored(first)  # the collector kept off the state, as the processor keeps it
     print("ready", flush=True)
     sys.stdin.readline()
     events = decide(state, commands[first])

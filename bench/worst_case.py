@@ -2,7 +2,8 @@
 
 Not a test: a measurement. ``python bench/worst_case.py`` builds every case at 10,000 nodes and 100,000 running
 pods (``--nodes``, ``--pods``; ``--quick``: 200 and 2,000), folds it with ``decide`` and times each command
-(CPU time of the process, ``time.process_time``). For the commands a case attacks (ids ``x-...``) it reports, per
+(CPU time of the process, ``time.process_time``; the cyclic collector kept off the state as the processor keeps
+it, ``processor.runtime.collector``). For the commands a case attacks (ids ``x-...``) it reports, per
 command type, the count, max and p99; the worst command's events; and the ratio of its time to a plain
 ``SubmitPod`` measured in the same run (the ``baseline`` case: a full cluster, a ``Release`` then a ``SubmitPod``
 of the same shape, median).
@@ -71,6 +72,7 @@ def child(case: str, nodes: int, pods: int) -> int:
     import build_config
     from processor.core.fold import decide
     from processor.core.state import PartitionState
+    from processor.runtime.collector import Collector
 
     commands = CASES[case](nodes, pods)
     first = next((i for i, c in enumerate(commands) if c.command_id.startswith(adv.ATTACK)), len(commands))
@@ -79,6 +81,8 @@ def child(case: str, nodes: int, pods: int) -> int:
     for command in commands[:first]:
         decide(state, command)
     setup = time.process_time() - started
+    collector = Collector()  # the processor's collector policy: the state frozen as once restored, and so on
+    collector.restored(first)
     print(json.dumps({"phase": "built", "setup_s": round(setup, 2), "commands": first}), flush=True)
     times: dict[str, list[float]] = {}
     worst: dict[str, object] = {"ms": -1.0}
@@ -103,6 +107,7 @@ def child(case: str, nodes: int, pods: int) -> int:
             print(json.dumps(result), flush=True)
             return 0
         elapsed = (time.process_time() - begin) * 1000
+        collector.folded(1)  # a processor's freeze, between commands (not timed: it pays it between batches)
         if not attack:
             continue
         print(json.dumps({"phase": "timed", "ms": round(elapsed, 3)}), flush=True)

@@ -14,6 +14,7 @@ from gpufold.cli_commands._embedded import add_log_argument, log_path, open_log
 from gpufold.cli_commands.options import add_json_option, add_progress_option
 from logs.embedded import EmbeddedLog, FencedError
 from processor.core.errors import InvariantViolation
+from processor.runtime.collector import collect_and_freeze
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
 from processor.runtime.ticks import TickSchedule
 from schemas.commands import Command
@@ -85,6 +86,7 @@ def _run(args: argparse.Namespace) -> int:
     with open_log(args, readonly=False) as log:
         before = _totals(log)
         processor = Processor(log, snapshot_every=args.snapshot_every, batch_size=args.batch_size)
+        collect_and_freeze()  # the process's own objects (modules, the log) out of the collector's sight, once
         folded = 0
         started = time.perf_counter()
         bar = tqdm(

@@ -11,9 +11,11 @@ cascade through every priority), and the worklist holds the cascade instead.
 **Termination.** Every task is a bounded loop (its measure is written beside it) that leaves finitely
 many items, and no item can be left forever, because what leaves items is bounded per command:
 
-- a pod is evicted at most once per command (:attr:`Decision.evicted`: a pod evicted earlier in the
-  command is never chosen as a victim again, and a node or gang can only lose a running pod), so
-  evictions and the re-placements they cause are at most the pods of the cluster;
+- a pod is a victim at most once per command (:attr:`Decision.evicted`: a pod evicted earlier in the
+  command is never chosen as a victim again), and a node or gang can only lose a running pod: a node
+  that goes away (a deadline's drain, the command's own drain or failure) evicts the pods on it once
+  and takes none afterwards, so a pod is evicted at most three times per command, and evictions and
+  the re-placements they cause are at most three times the pods of the cluster;
 - a placement moves a job from waiting to running, and only an eviction moves it back;
 - a reservation is released at most once per eviction, placement or node change, and the upkeep
   of reservations takes at most :data:`RESERVATION_ROUNDS` rounds per cluster per call;

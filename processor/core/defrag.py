@@ -32,25 +32,24 @@ release did, so the recorded logs replay byte for byte).
 
 from __future__ import annotations
 
-from processor.core.defrag_gaps import DEPTH, Gaps, GpuKey, dry_run, record
-from processor.core.defrag_moves import Move, Plan, Trial, less_fragmented, movable_pods, outcome, tally
+from processor.core.defrag_gaps import DEPTH, Fragments, Gaps, GpuKey, dry_run, record
+from processor.core.defrag_moves import Move, Plan, Trial, any_movable, less_fragmented, movable_pods, outcome, tally
 from processor.core.defrag_relieve import relieve, relieve_across
 from processor.core.defrag_repack import repack
 from processor.core.defrag_target import make_room
 from processor.core.fragmentation import Fragmenter
-from processor.core.state import ClusterState
+from processor.core.state import ClusterState, Pod
 from schemas.commands import GPU_MILLI
 
-__all__ = ["Move", "Plan", "Trial", "consolidate", "make_room", "movable_pods", "tally"]
+__all__ = ["Move", "Plan", "Trial", "any_movable", "consolidate", "make_room", "movable_pods", "tally"]
 
 
 def consolidate(cluster: ClusterState, budget: int, bounded: bool = True) -> Plan:
     """Free whole GPUs by emptying the cheapest GPUs that hold only movable shares (module docstring); within
     the work allowance of the budget if ``bounded`` (:class:`Allowance`)."""
-    movable = [pod for pod in movable_pods(cluster) if pod.shape.is_share]
-    if not movable:
+    models = _share_models(cluster)
+    if not models:  # no movable share runs
         return _across_only(cluster, budget, bounded)
-    models = sorted({cluster.nodes[pod.node_id].gpu_model for pod in movable})  # type: ignore[index]
     trial = Trial(cluster, bounded)
     allowance = trial.allowance(budget)
     gaps = Gaps(cluster, trial, models)
@@ -62,6 +61,7 @@ def consolidate(cluster: ClusterState, budget: int, bounded: bool = True) -> Pla
             sources.append((len(pods), used, node_id, index))
     sources.sort()
     fragmenter = Fragmenter(cluster.typical) if cluster.typical else None
+    fragments: Fragments = {}  # the dry runs' memo of the fragmenter
     before: dict[str, tuple[int, bool]] = {}
     receivers: set[GpuKey] = set()  # GPUs that took shares in this plan: never emptied again
     trial.deferred = True  # the steps up to moving pods across nodes read the nodes, never the index
@@ -70,13 +70,14 @@ def consolidate(cluster: ClusterState, budget: int, bounded: bool = True) -> Pla
         # per share) and, when tried on trial, moves of the allowance.
         for _, _, node_id, index in sources:
             key = (node_id, index)
-            pods = sorted(gaps.shares.get(key, ()), key=lambda p: (-p.spec.gpu_milli, p.spec.pod_id))
+            shares = gaps.shares.get(key, ())
+            pods = sorted(shares, key=_largest_first) if len(shares) > 1 else list(shares)
             if key in receivers or not pods or len(pods) > budget - len(trial.moves):
                 continue
             if not allowance.look(len(pods)):
                 break
             node = cluster.nodes[node_id]
-            if fragmenter is not None and dry_run(gaps, pods, node.gpu_model, key, fragmenter) is False:
+            if fragmenter is not None and dry_run(gaps, pods, node.gpu_model, key, fragmenter, fragments) is False:
                 continue  # its moves would be undone (not less fragmented): known without making them
             if not allowance.move(trial):
                 break
@@ -107,6 +108,21 @@ def consolidate(cluster: ClusterState, budget: int, bounded: bool = True) -> Pla
         return plan
     finally:
         trial.rollback()
+
+
+def _share_models(cluster: ClusterState) -> list[str]:
+    """The GPU models of the nodes where movable GPU shares run, sorted. O(P)."""
+    nodes = cluster.nodes
+    models: set[str] = set()
+    for pod in cluster.pods.values():
+        if pod.node_id is not None and pod.spec.movable and pod.shape.is_share:
+            models.add(nodes[pod.node_id].gpu_model)
+    return sorted(models)
+
+
+def _largest_first(pod: Pod) -> tuple[int, str]:
+    """The order a GPU's shares are moved off it: the largest first, then by pod id."""
+    return (-pod.spec.gpu_milli, pod.spec.pod_id)
 
 
 def _across_only(cluster: ClusterState, budget: int, bounded: bool) -> Plan:

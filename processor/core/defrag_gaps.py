@@ -34,7 +34,6 @@ class Gaps:
     def __init__(self, cluster: ClusterState, trial: Trial, models: list[str]) -> None:
         self.cluster = cluster
         self.trial = trial
-        self.lists: dict[str, SortedList] = {model: SortedList() for model in models}
         self.shares: dict[GpuKey, list[Pod]] = {}
         self.journal: list[tuple[Pod, GpuKey, GpuKey]] = []
         # The nodes an attempt touched, as first seen: free GPUs, free CPU, whether no pod ran there.
@@ -42,18 +41,32 @@ class Gaps:
         for pod in cluster.pods.values():
             if pod.node_id is not None and pod.shape.is_share:
                 self.shares.setdefault((pod.node_id, pod.gpus[0].index), []).append(pod)
-        for node_id in sorted(cluster.nodes):
-            node = cluster.nodes[node_id]
-            if node.gpu_model in self.lists and node.schedulable:
+        found: dict[str, list[tuple[int, str, int]]] = {model: [] for model in models}
+        for node_id, node in cluster.nodes.items():  # any order: each list is sorted once, below
+            entries = found.get(node.gpu_model)
+            if entries is not None and node.schedulable:
                 for index, free in enumerate(node.gpu_free):
                     if 0 < free < GPU_MILLI:
-                        self.lists[node.gpu_model].add((free, node_id, index))
+                        entries.append((free, node_id, index))
+        self.lists: dict[str, SortedList] = {model: SortedList(entries) for model, entries in found.items()}
+        self._starts: dict[tuple[str, int], int] = {}  # (model, milli) -> :meth:`start`
+
+    def start(self, model: str, need: int) -> int:
+        """Where the gaps of at least ``need`` free milli begin in the model's list; kept until a list changes
+        (a plan's dry runs ask the same few sizes between its moves)."""
+        key = (model, need)
+        starts = self._starts
+        if key in starts:
+            return starts[key]
+        position = starts[key] = self.lists[model].bisect_left((need, "", -1))
+        return position
 
     def _resync(self, key: GpuKey, old_free: int) -> None:
         node = self.cluster.nodes[key[0]]
         entries = self.lists.get(node.gpu_model)
         if entries is None or not node.schedulable:
             return
+        self._starts.clear()
         if 0 < old_free < GPU_MILLI:
             entries.remove((old_free, key[0], key[1]))
         new_free = node.gpu_free[key[1]]
@@ -156,11 +169,20 @@ def record(gaps: Gaps, before: dict[str, tuple[int, bool]]) -> None:
         before.setdefault(touched_id, (sum(1 for milli in gpu_free if milli >= GPU_MILLI), empty))
 
 
-def dry_run(gaps: Gaps, pods: list[Pod], model: str, key: GpuKey, fragmenter: Fragmenter) -> bool | None:
+Fragments = dict[tuple[tuple[int, ...], int, str], float]
+"""A plan's memo of its fragmenter's measure: (free GPU milli, free CPU, GPU model) -> the node's fragmentation.
+Nodes alike give the same measure, and a plan's dry runs meet the same few states again and again."""
+
+
+def dry_run(
+    gaps: Gaps, pods: list[Pod], model: str, key: GpuKey, fragmenter: Fragmenter, fragments: Fragments
+) -> bool | None:
     """What emptying GPU ``key`` would come to when each of its shares (in order) has a best-fit gap of its
     own, no chain needed: whether the moves would lower fragmentation (:func:`less_fragmented`), worked out
     on copies of the free milli, CPU and memory they change, nothing moved. None when a share would need a
-    chain (only trying tells then). The gaps are scanned as :meth:`Gaps.best_fit` would after each move."""
+    chain (only trying tells then). The gaps are scanned as :meth:`Gaps.best_fit` would after each move.
+    ``fragments``: the plan's memo of ``fragmenter`` (one fragmenter per memo); at most two entries per
+    node state a dry run meets."""
     cluster = gaps.cluster
     nodes = cluster.nodes
     entries = gaps.lists[model]
@@ -171,7 +193,8 @@ def dry_run(gaps: Gaps, pods: list[Pod], model: str, key: GpuKey, fragmenter: Fr
     for pod in pods:
         spec = pod.spec
         need = spec.gpu_milli
-        spot = _dry_fit(cluster, entries, gpu, cpu, memory, pod, source, key, gaps.trial.allowance(0))
+        start = gaps.start(model, need)
+        spot = _dry_fit(cluster, entries, start, gpu, cpu, memory, pod, source, key, gaps.trial.allowance(0))
         if spot is None:
             return None
         gpu[key] = gpu.get(key, nodes[source].gpu_free[key[1]]) + need
@@ -187,14 +210,25 @@ def dry_run(gaps: Gaps, pods: list[Pod], model: str, key: GpuKey, fragmenter: Fr
         for (at, index), milli in gpu.items():
             if at == node_id:
                 free[index] = milli
-        before += fragmenter(tuple(node.gpu_free), node.cpu_free, node.gpu_model)
-        after += fragmenter(tuple(free), cpu.get(node_id, node.cpu_free), node.gpu_model)
+        before += _measure(fragments, fragmenter, tuple(node.gpu_free), node.cpu_free, node.gpu_model)
+        after += _measure(fragments, fragmenter, tuple(free), cpu.get(node_id, node.cpu_free), node.gpu_model)
     return after < before
+
+
+def _measure(
+    fragments: Fragments, fragmenter: Fragmenter, gpu_free: tuple[int, ...], cpu_free: int, model: str
+) -> float:
+    key = (gpu_free, cpu_free, model)
+    if key in fragments:
+        return fragments[key]
+    value = fragments[key] = fragmenter(gpu_free, cpu_free, model)
+    return value
 
 
 def _dry_fit(
     cluster: ClusterState,
     entries: SortedList,
+    start: int,
     gpu: dict[GpuKey, int],
     cpu: dict[str, int],
     memory: dict[str, int],
@@ -215,7 +249,7 @@ def _dry_fit(
         for (node_id, index), free in gpu.items()
         if need <= free < GPU_MILLI and nodes[node_id].schedulable
     )
-    position = entries.bisect_left((need, "", -1))
+    position = start  # the first entry of at least ``need`` free milli (:meth:`Gaps.start`)
     length = len(entries)  # a dry run changes no list
     taken = 0
     for looked in range(1, SCAN + 1):  # measure: at most SCAN entries

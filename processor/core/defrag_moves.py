@@ -44,6 +44,11 @@ class Plan:
     trial_moves: int = 0  # and trial moves made, kept or undone
 
 
+def any_movable(cluster: ClusterState) -> bool:
+    """Whether a movable pod runs. O(P) at most, no sort."""
+    return any(pod.node_id is not None and pod.spec.movable for pod in cluster.pods.values())
+
+
 def movable_pods(cluster: ClusterState) -> list[Pod]:
     """Running movable pods, by id."""
     return sorted(

@@ -30,6 +30,7 @@ from logs.kafka import (
 )
 from logs.port import PartitionCountChanged
 from processor.core.errors import InvariantViolation
+from processor.runtime.collector import collect_and_freeze
 from processor.runtime.loop import DEFAULT_BATCH_SIZE, DEFAULT_SNAPSHOT_EVERY, Processor
 from processor.runtime.ticks import TICK_SOURCE, TickSchedule
 from schemas.topics import Topics
@@ -113,6 +114,7 @@ class Runner:
         self.processor = Processor(
             self.log, snapshot_every=settings.snapshot_every, batch_size=settings.batch_size, pipeline=settings.pipeline
         )
+        collect_and_freeze()  # the process's own objects (modules, the client) out of the collector's sight, once
         self._stopping = False
         self.log.stopping = lambda: self._stopping
         self.metrics: Any = None

@@ -22,6 +22,7 @@ from processor.core.fold import decide
 from processor.core.handlers.halting import ResumedCluster
 from processor.core.snapshot import from_snapshot, to_snapshot
 from processor.core.state import ClusterState, Halt, PartitionState
+from processor.runtime.collector import FREEZE_EVERY, Collector
 from schemas import DecodeError
 from schemas.codes import DeadLetterCode
 from schemas.commands import Command, ResumeCluster
@@ -261,19 +262,23 @@ def restore_state(log_: CommandLog, partition: int) -> PartitionState:
     return state
 
 
+STAGES = ("poll", "fold", "commit", "gc")
+
+
 @dataclass(slots=True)
 class StageTimes:
     """Where a processor's batches spent their time, summed: wall seconds and this thread's CPU seconds.
 
     ``poll`` includes waiting for records; ``fold`` includes restoring partitions met for the first time;
-    ``commit`` is producing the outputs and committing the transaction (mostly waiting for the broker).
+    ``commit`` is producing the outputs and committing the transaction (mostly waiting for the broker);
+    ``gc`` is the garbage collector's freezes, between batches (:mod:`processor.runtime.collector`).
     The client's own threads (librdkafka) are not in these: compare with the process's CPU time.
     """
 
     batches: int = 0
     records: int = 0
-    wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("poll", "fold", "commit"), 0.0))
-    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(("poll", "fold", "commit"), 0.0))
+    wall: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
+    cpu: dict[str, float] = field(default_factory=lambda: dict.fromkeys(STAGES, 0.0))
 
     def per_command_us(self) -> dict[str, float]:
         """Microseconds per command folded, by stage (``<stage>_cpu`` and ``<stage>_wall``)."""
@@ -308,6 +313,7 @@ class Processor:
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         batch_size: int = DEFAULT_BATCH_SIZE,
         pipeline: bool = True,
+        freeze_every: int = FREEZE_EVERY,
     ) -> None:
         self.log = log_
         self.snapshot_every = snapshot_every
@@ -321,6 +327,8 @@ class Processor:
         self._in_flight: _InFlight | None = None
         self.last_committed = 0
         """Commands in the batch committed last."""
+        self.collector = Collector(freeze_every)
+        """Keeps the cyclic collector off the folded states (:mod:`processor.runtime.collector`)."""
 
     def folder(self, partition: int) -> PartitionFolder:
         folder = self.folders.get(partition)
@@ -331,7 +339,13 @@ class Processor:
                 partition, self.log.topics, state, self.snapshot_every, placement, history=self.log
             )
             self.folders[partition] = folder
-            log.info("partition %d restored at offset %d", partition, state.next_offset)
+            seconds = self.collector.restored(state.next_offset)  # out of the collector's sight
+            log.info(
+                "partition %d restored at offset %d (collected and frozen in %.0f ms)",
+                partition,
+                state.next_offset,
+                seconds * 1e3,
+            )
         return folder
 
     def refused(self) -> dict[str, int]:
@@ -380,7 +394,9 @@ class Processor:
             raise
         if not self.pipeline:
             self._committed(batch)
-        _lap(times, "commit", wall, cpu)
+        wall, cpu = _lap(times, "commit", wall, cpu)
+        if self.collector.folded(len(records)):  # between batches, never inside a command
+            _lap(times, "gc", wall, cpu)
         return len(records)
 
     def settle(self, folded: dict[int, int] | None = None) -> None:

@@ -42,7 +42,7 @@ def defragment(decision: Decision, command: Defragment) -> None:
     if command.max_moves == 0:
         decision.emit(DefragmentationPlanned(0, 0, 0, target, "a budget of 0 moves: nothing was moved"))
         return
-    if not defrag.movable_pods(cluster):
+    if not defrag.any_movable(cluster):
         message = "no running pod is movable (submitted with movable=true): nothing was moved"
         decision.emit(DefragmentationPlanned(0, 0, 0, target, message))
         return
