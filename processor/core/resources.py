@@ -143,7 +143,15 @@ def _selector_matches(node_class: NodeClass, shape: PodShape) -> bool:
 
 def _taints_tolerated(node_class: NodeClass, shape: PodShape, *, reservation: bool = True) -> bool:
     for taint in node_class[1]:
-        if taint.effect == "PreferNoSchedule" or (not reservation and taint.key == RESERVED_TAINT_KEY):
+        if taint.key == RESERVED_TAINT_KEY:
+            # Only the toleration the fold gives (the holder, backfill that ends in time) names this key: a
+            # pod's own wildcard toleration (key "", Exists) does not get past a reservation.
+            if reservation and not any(
+                toleration.key == RESERVED_TAINT_KEY and toleration.tolerates(taint) for toleration in shape.tolerations
+            ):
+                return False
+            continue
+        if taint.effect == "PreferNoSchedule":
             continue
         if not any(toleration.tolerates(taint) for toleration in shape.tolerations):
             return False

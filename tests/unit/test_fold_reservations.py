@@ -167,3 +167,33 @@ def test_a_restored_snapshot_keeps_the_reservation_check_of_an_earlier_head() ->
     ran = [[encode_event(e) for e in fold.run(Tick(), at=100_000)] for fold in (full, restored)]
     assert ran[1] == ran[0]
     assert state_hash(restored.state) == state_hash(full.state)
+
+
+def test_a_wildcard_toleration_does_not_get_past_a_reservation() -> None:
+    """A pod that tolerates every taint (key "", Exists) still stays off a node reserved for the head: only the
+    toleration the fold gives (the holder, backfill that ends in time) names the reservation's taint. Found by
+    fuzzing: with no expected start ("nothing may backfill"), such a pod started on the reserved node."""
+    from processor.core.fold import decide
+    from processor.core.state import PartitionState
+    from schemas.commands import Command, Toleration
+
+    commands = [
+        Command("c0", "c0", 1_000, SetPolicy("first-fit", 60_000)),
+        Command("c1", "c0", 1_000, SubmitPod("head", "t", 9, 1, 1000, 500, 1024, gpu_memory_mib=8192)),
+        Command("c2", "c0", 1_000, SubmitPod("big", "t", 11, 8, 1000)),
+        Command("c3", "c0", 900_000, AddNode("n1", 16_000, 65_536, "H100", 8)),  # big starts; n1 reserved for head
+        Command(
+            "c4",
+            "c0",
+            1_000_000,
+            SubmitPod("wild", "t", 0, 0, 0, 500, 1024, time_limit_ms=300_000, tolerations=(Toleration("", "Exists"),)),
+        ),
+    ]
+    state = PartitionState()
+    for offset, command in enumerate(commands):
+        decide(state, command, offset)
+    cluster = state.clusters["c0"]
+    assert cluster.reservation is not None and cluster.reservation.nodes == ("n1",)
+    assert cluster.reservation.expected_start is None
+    wild = cluster.pods["wild"]
+    assert wild.node_id is None and wild.queued  # it waits: nothing may backfill a reservation without a start
