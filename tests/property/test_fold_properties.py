@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import event as event_note
 from hypothesis import strategies as st
 
-from processor.core import preemption, preemption_index
+from processor.core import preemption, preemption_index, preemption_plans, quotas
 from processor.core.capacity import CapacityIndex
 from processor.core.fold import apply, decide
 from processor.core.preemption import PodPlan, plan_pod
@@ -29,7 +29,16 @@ from processor.core.state import ClusterState, Node, PartitionState, Pod, shape_
 from processor.core.timers import PREEMPT_CHECK
 from schemas import EVENT, registry
 from schemas.commands import GPU_MILLI, Quota
-from schemas.events import Event, GangQueued, GangScheduled, PodPreempted, PodQueued, PodScheduled, PodSpec
+from schemas.events import (
+    Event,
+    GangQueued,
+    GangScheduled,
+    NodeUpdated,
+    PodPreempted,
+    PodQueued,
+    PodScheduled,
+    PodSpec,
+)
 from schemas.snapshots import decode_snapshot, encode_snapshot
 from tests.strategies import (
     command_streams,
@@ -317,9 +326,35 @@ def check_no_priority_inversion(cluster: ClusterState, now: int) -> None:
                 if cluster.pods[p].spec.priority < pod.spec.priority and cluster.pods[p].spec.preemptible
             ]
             if lower and _may_use(node, models):
+                lower = _kueue_victims(cluster, pod, node, lower)
+            if lower and _may_use(node, models):
                 assert first_misfit(_freed_signature(cluster, node, lower), shape) is not None, (
                     f"queued pod {pod.spec.pod_id} (priority {pod.spec.priority}) could preempt on {node.node_id}"
                 )
+
+
+def _kueue_victims(cluster: ClusterState, pod: Pod, node: Node, lower: list[Pod]) -> list[Pod]:
+    """Of ``lower``, the pods a queued pod may take on the node under Kueue's rule (README, "Reclaim and priority
+    preemption"): if it would borrow quota to run there, only borrowers' pods (and with its tenant's
+    ``borrow_within_cohort: lower_priority``, its cohort peers' up to ``borrow_max_victim_priority``); a gang member
+    only if its whole gang may go. Conservative: borrowing is judged before any of its own tenant's pods stop (the
+    fold judges it after its victims stop, which can only allow more)."""
+    if not cluster.quotas_on:
+        return lower
+    quota = quotas.quota_of(cluster, pod.spec.tenant)
+    if quota is None or not quotas.would_borrow(
+        cluster, pod.spec.tenant, quotas.demand(quota, pod.spec, node.gpu_model), []
+    ):
+        return lower
+    allowed = preemption_plans.borrower_victims(cluster, pod.spec.tenant, {})
+
+    def may_go(victim: Pod) -> bool:
+        gang = cluster.gangs.get(victim.spec.gang_id) if victim.spec.gang_id is not None else None
+        if gang is None:
+            return allowed.allow(cluster, victim)
+        return all(allowed.allow(cluster, cluster.pods[member]) for member in gang.placed)
+
+    return [victim for victim in lower if may_go(victim)]
 
 
 def check_gangs(cluster: ClusterState) -> None:
@@ -346,9 +381,8 @@ def check_gangs(cluster: ClusterState) -> None:
                     f"gang {gang_id}'s member {pod.spec.pod_id} neither runs nor waits"
                 )
                 assert pod.spec.gang_id == gang_id
-        if spec.topology_required is not None:
-            domains = {cluster.nodes[pod.node_id].labels.get(spec.topology_required) for pod in running}  # type: ignore[index]
-            assert domains == {gang.domain}, f"gang {gang_id} spans {domains} of {spec.topology_required}"
+        # Its topology domain is checked as its members start (check_members_start_in_their_domain): an
+        # UpdateNode may relabel a node under a running member afterwards, and running pods stay (README).
     queued = {key[2] for key in cluster.gang_queue}
     assert queued == {gang_id for gang_id, gang in cluster.gangs.items() if gang.state == "queued"}
 
@@ -371,6 +405,49 @@ def check_reservation(cluster: ClusterState) -> None:
             backfill = reservation.expected_start is not None and limit is not None
             assert holder or (backfill and pod.started_at + limit <= reservation.expected_start), (  # type: ignore[operator]
                 f"pod {pod_id} started on node {node_id} reserved for {reservation.holder_id}"
+            )
+
+
+def check_members_start_in_their_domain(cluster: ClusterState, events: list[Event]) -> None:
+    """A gang that requires a topology domain starts with every member on a node of that domain, and a member that
+    starts later (it waited while its gang ran) joins the gang's domain. Checked as they start, against the labels
+    at the command's end: an UpdateNode may relabel a node later (a node relabelled after the start, in the same
+    command, is left out), and its running pods stay (README, "Labels and taints change in place")."""
+    relabelled_at: dict[str, int] = {}  # node -> the last NodeUpdated of the command
+    started_at: dict[str, list[int]] = {}  # gang -> its GangScheduled events' positions
+    for position, event in enumerate(events):
+        if isinstance(event.payload, NodeUpdated):
+            relabelled_at[event.payload.node_id] = position
+        elif isinstance(event.payload, GangScheduled):
+            started_at.setdefault(event.payload.gang_id, []).append(position)
+    domain_now: dict[str, str | None] = {}  # gang -> the domain of its latest GangScheduled so far
+    for position, event in enumerate(events):
+        payload = event.payload
+        if isinstance(payload, GangScheduled):
+            domain_now[payload.gang_id] = payload.domain
+            if payload.topology_key is None:
+                continue
+            for member in payload.members:
+                if relabelled_at.get(member.node_id, -1) > position:
+                    continue
+                assert cluster.nodes[member.node_id].labels.get(payload.topology_key) == payload.domain, (
+                    f"gang {payload.gang_id} started member {member.pod_id} on {member.node_id}, "
+                    f"outside {payload.topology_key}={payload.domain}"
+                )
+        elif isinstance(payload, PodScheduled) and payload.pod.gang_id is not None:
+            gang_id = payload.pod.gang_id
+            gang = cluster.gangs.get(gang_id)
+            if gang is None or gang.spec.topology_required is None or relabelled_at.get(payload.node_id, -1) > position:
+                continue
+            if gang_id in domain_now:
+                domain = domain_now[gang_id]
+            elif any(later > position for later in started_at.get(gang_id, ())):
+                continue  # the gang starts again later in the command: its domain before is not in the state
+            else:
+                domain = gang.domain
+            label = cluster.nodes[payload.node_id].labels.get(gang.spec.topology_required)
+            assert label == domain, (
+                f"member {payload.pod.pod_id} of gang {gang_id} started outside {gang.spec.topology_required}={domain}"
             )
 
 
@@ -422,7 +499,9 @@ def check_state(state: PartitionState, events: list[Event] | None = None) -> Non
         check_misfit_counts(cluster)
         check_gangs(cluster)
         check_reservation(cluster)
-        check_started_jobs_had_their_dependencies(cluster, [e for e in events or () if e.cluster == cluster.name])
+        mine = [e for e in events or () if e.cluster == cluster.name]
+        check_started_jobs_had_their_dependencies(cluster, mine)
+        check_members_start_in_their_domain(cluster, mine)
 
 
 def fold_all(commands: list, state: PartitionState | None = None, start: int = 0) -> tuple[PartitionState, list]:
