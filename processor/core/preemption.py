@@ -109,7 +109,8 @@ def plan_pod(
             else:
                 best, covered = None, None  # another level: the scan starts afresh, those nodes now filed
                 level, runs = _filed_runs(cluster, shape, priority)
-    if level is not None:
+    if level is not None and (best is None or least is None or best.cost[1:] >= least):
+        # (Else every filed node not met has a bound above the plan: the scan would stop at its first node.)
         best = _scan_filed(cluster, shape, level, runs, now, allowed, best, met)
     if best is not None and covered is not None and best.cost <= covered:
         return best  # a pending node that could tie or beat it was filed and met above

@@ -48,7 +48,7 @@ def after_eviction(
                 jobs.append((gang.key, 0, i, gang_evict_members(decision, cluster, gang, reason)))
         # ... then the evicted gangs and pods are placed back in queue order.
         jobs += [(pod.queue_key, 1, i, []) for i, pod in enumerate(evicted)]
-        jobs.sort(key=lambda job: job[:3])
+        jobs.sort()  # (kind, i) is unique: the order of (key, kind, i), never comparing the lists
         for _, kind, i, freed in jobs:  # measure: the jobs left
             if kind == 0:
                 gang_placed_back(decision, cluster, cluster.gangs[gang_ids[i]], freed)
