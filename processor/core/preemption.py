@@ -134,13 +134,18 @@ def _pending_to_file(
     """Pending nodes whose lower bound (victim level, victims, work lost) is at most ``beat`` (any if None),
     at most ``limit``, least bound first. A bucket's nodes are sorted by latest start, latest first, so by
     their bound: O(B + limit · log) for B buckets (a pod with a node selector: those of its rarest label)."""
-    nodes = cluster.nodes
     tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
+    admits = cluster.index.admits
+    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
+    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
     for key, bucket in cluster.preemptible.buckets(shape.node_selector):
-        _model, _node_class, _cpu, _memory, _gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
+        model, node_class, node_cpu, node_memory, gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
         if level >= priority or (beat is not None and level > beat[0]):
             continue
-        if not could_hold(cluster, nodes[bucket.first()], shape):  # alike in all that it reads
+        # could_hold, read from the bucket (a pending node is schedulable; the rest is in its key)
+        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
+            continue
+        if not admits(node_class, shape):
             continue
         fewest, deficit = _pending_bound_terms(key, shape)
         if beat is not None and (level, fewest) > beat[:2]:
