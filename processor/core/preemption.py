@@ -30,8 +30,10 @@ distinct node capacity could hold even emptied is decided before all that, in O(
 (:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
 tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
 answer is the one over all nodes. Pending nodes whose bound ties or beats every filed node's (a node
-the command just changed, often) are filed and searched first, so the scan of the filed ones can stop at
-once. A gang's topology domain is searched as a node-selector label (``gang_preemption.in_domain``).
+the command just changed, often) are searched first, so the scan of the filed ones can stop at once;
+when it does, they stay pending (filing them costs more than searching them, and a gang's member changes
+the same node again before the next search); else they are filed, and the search goes on in rounds. A gang's
+topology domain is searched as a node-selector label (``gang_preemption.in_domain``).
 Among ``near`` (a queue retry's changed nodes, the only ones where a waiting pod may preempt then) the
 nodes are bounded one by one instead: O(N · L).
 
@@ -92,28 +94,32 @@ def plan_pod(
     best: PodPlan | None = None
     met: set[str] = set()
     least = _least_bound(runs, now) if level is not None else None
-    covered: tuple[int, int, int] | None = None  # every pending node bounded at most this is filed and met
+    covered: tuple[int, int, int] | None = None  # every pending node bounded at most this is met
+    first_met: list[str] = []  # met while pending: filed only if the search goes on past the filed nodes
     if level is not None and least is not None:
         # Pending nodes whose bound ties or beats every filed node's (often a node the command itself just
-        # changed) are filed and searched first: the scan of the filed ones can then stop at once. The answer
-        # does not depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
+        # changed) are searched first: the scan of the filed ones can then stop at once. The answer does not
+        # depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
         first = (level, *least)
-        promote = _pending_to_file(cluster, shape, priority, now, first, PROMOTE_FIRST)
-        if len(promote) < PROMOTE_FIRST:
+        first_met = _pending_to_file(cluster, shape, priority, now, first, PROMOTE_FIRST)
+        if len(first_met) < PROMOTE_FIRST:
             covered = first
-        if promote:
-            index.promote(promote, cluster.nodes)
-            best = _plan_pod_among(cluster, shape, priority, now, promote, None, allowed)
+        if first_met:
+            best = _plan_pod_among(cluster, shape, priority, now, first_met, None, allowed)
             if best is not None and best.cost[0] == level:
-                met.update(promote)  # the runs read above stay true: a node filed into them is met
+                met.update(first_met)  # not in the runs read above, or met there
             else:
-                best, covered = None, None  # another level: the scan starts afresh, those nodes now filed
+                best, covered = None, None  # another level: the scan starts afresh, those nodes filed
+                index.promote(first_met, cluster.nodes)
+                first_met = []
                 level, runs = _filed_runs(cluster, shape, priority)
     if level is not None and (best is None or least is None or best.cost[1:] >= least):
         # (Else every filed node not met has a bound above the plan: the scan would stop at its first node.)
         best = _scan_filed(cluster, shape, level, runs, now, allowed, best, met)
     if best is not None and covered is not None and best.cost <= covered:
-        return best  # a pending node that could tie or beat it was filed and met above
+        return best  # a pending node that could tie or beat it was met above (it stays pending)
+    if first_met:
+        index.promote(first_met, cluster.nodes)  # met: filed, so that the rounds below do not meet it again
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
