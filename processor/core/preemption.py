@@ -202,7 +202,19 @@ bound by (1, 0)."""
 
 def _filed_runs(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
     """The least victim level over the preemption index's classes, and the sorted runs of the classes at that
-    level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L)."""
+    level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L); O(1) when the last
+    reading was of this shape and priority and no node was filed or unfiled since (a gang's members, one after
+    the other: the search leaves the nodes it changed pending). Read after ``refresh``: no filed node changed."""
+    index = cluster.preemptible
+    last = index.last_runs
+    if last is not None and last[2] == index.filings and last[1] == priority and (last[0] is shape or last[0] == shape):
+        return last[3], last[4]
+    level, runs = _read_classes(cluster, shape, priority)
+    index.last_runs = (shape, priority, index.filings, level, runs)
+    return level, runs
+
+
+def _read_classes(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
     index = cluster.preemptible
     nodes = cluster.nodes
     at_level: list[tuple[int, VictimClass, Node]] = []
