@@ -330,6 +330,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     pod = _pod_for(cluster, event.pod)
     node.allocate(pod.spec, event.gpus, now)
     pod.node_id = node.node_id
+    pod.evicting_at = None  # starts afresh: no drain's eviction of an earlier run follows it here
     pod.gpus = event.gpus
     pod.started_at = now
     cluster.gpu_milli_allocated += pod.spec.gpu_milli_total
@@ -386,6 +387,7 @@ def _applied_pod_retry_scheduled(
     ):
         raise InvariantViolation(f"retry {event.attempt} of pod {event.pod_id!r} scheduled but it does not run")
     _unbind(cluster, pod)
+    pod.evicting_at = None  # a drain's eviction of it is moot: it stopped (a snapshot must not arm it again)
     pod.attempt = event.attempt
     pod.retry_at = event.not_before
     cluster.timers.push(event.not_before, RETRY, event.pod_id)

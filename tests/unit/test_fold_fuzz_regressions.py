@@ -9,10 +9,24 @@ import json
 from pathlib import Path
 
 from processor.core.fold import decide
+from processor.core.snapshot import from_snapshot, state_hash, to_snapshot
 from processor.core.state import PartitionState
-from schemas.commands import AddNode, Command, GangMember, SetPolicy, SubmitGang, SubmitPod, Toleration
+from schemas.commands import (
+    AddNode,
+    Command,
+    DrainNode,
+    GangMember,
+    Release,
+    Retry,
+    SetDisruptionBudget,
+    SetPolicy,
+    SubmitGang,
+    SubmitPod,
+    Toleration,
+)
 from schemas.events import Event
 from schemas.fastcodec import decode_command
+from schemas.snapshots import decode_snapshot, encode_snapshot
 
 REGRESSIONS = Path(__file__).resolve().parents[1] / "data" / "regressions"
 
@@ -72,3 +86,27 @@ def test_a_lender_gang_reclaims_capacity_under_the_random_policy() -> None:
     _, events = _fold(_recorded("gang-reclaim-random-policy"))
     last = [e.type_name for e in events[-1]]
     assert "GangScheduled" in last and "PodPreempted" in last, last
+
+
+def test_a_pod_that_failed_during_its_drain_grace_is_not_evicted_again_after_a_restore() -> None:
+    """A drain with a grace period scheduled the pod's eviction; the pod failed and was retried elsewhere, and
+    kept its eviction time. A state restored from a snapshot armed that eviction again: on the pod's new node,
+    not draining, a budget then blocked it (EvictionBlocked) where the straight fold emitted nothing."""
+    pod = SubmitPod("p2", "t1", 0, 1, 250, 2000, 8192, retry=Retry(3, 2000, 5000), preemption="never")
+    payloads = [
+        AddNode("n1", 32_000, 131_072, "V100", 4),
+        pod,
+        DrainNode("n1", grace_ms=30_000),
+        Release("p2", "failed"),  # retried in 2 s, before its eviction was due: no node then, queued
+        AddNode("n4", 32_000, 65_536, "V100", 2),  # it starts here
+        SetDisruptionBudget("b-t1", "t1", max_unavailable=0),
+        DrainNode("n5"),  # unknown: rejected; a restored state fired the stale eviction first
+    ]
+    times = (3_000, 41_000, 191_000, 196_000, 4_971_000, 6_191_000, 7_123_000)
+    commands = [Command(f"c{i}", "c0", at, p) for i, (at, p) in enumerate(zip(times, payloads, strict=True))]
+    state, events = _fold(commands)
+    assert state.clusters["c0"].pods["p2"].node_id == "n4"
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(_fold(commands[:-1])[0]))))
+    tail = decide(restored, commands[-1], len(commands) - 1)
+    assert [e.payload for e in tail] == [e.payload for e in events[-1]]
+    assert state_hash(restored) == state_hash(state)
