@@ -84,15 +84,19 @@ def apply(state: PartitionState, event: Event) -> None:
         raise InvariantViolation(f"event sequence {event.sequence} applied to state expecting {state.sequence}")
     payload = event.payload
     kind = type(payload)
+    cluster: ClusterState | None
     if kind is ClusterHalted:
         _halt_cluster(state, event, payload)  # type: ignore[arg-type]
+        cluster = lookup(state.clusters, event.cluster)
     elif kind is not CommandRejected and kind is not Ticked:
-        APPLIERS[kind](state, state.cluster(event.cluster), payload, event.occurred_at)
-    elif kind is Ticked and payload.partition:  # type: ignore[union-attr]
-        _applied_partition_tick(state, payload.clock)  # type: ignore[union-attr]
-    elif kind is CommandRejected and payload.code == RejectionCode.CLUSTER_HALTED:  # type: ignore[union-attr]
-        _count_refused(state, event.cluster)
-    cluster = lookup(state.clusters, event.cluster)
+        cluster = state.cluster(event.cluster)  # no applier but the halt's replaces a cluster
+        APPLIERS[kind](state, cluster, payload, event.occurred_at)
+    else:
+        if kind is Ticked and payload.partition:  # type: ignore[union-attr]
+            _applied_partition_tick(state, payload.clock)  # type: ignore[union-attr]
+        elif kind is CommandRejected and payload.code == RejectionCode.CLUSTER_HALTED:  # type: ignore[union-attr]
+            _count_refused(state, event.cluster)
+        cluster = lookup(state.clusters, event.cluster)
     if cluster is not None and event.occurred_at > cluster.clock:
         cluster.clock = event.occurred_at
     state.sequence = event.sequence + 1
@@ -326,6 +330,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
     pod = _pod_for(cluster, event.pod)
     node.allocate(pod.spec, event.gpus, now)
     pod.node_id = node.node_id
+    pod.evicting_at = None  # starts afresh: no drain's eviction of an earlier run follows it here
     pod.gpus = event.gpus
     pod.started_at = now
     cluster.gpu_milli_allocated += pod.spec.gpu_milli_total
@@ -382,6 +387,7 @@ def _applied_pod_retry_scheduled(
     ):
         raise InvariantViolation(f"retry {event.attempt} of pod {event.pod_id!r} scheduled but it does not run")
     _unbind(cluster, pod)
+    pod.evicting_at = None  # a drain's eviction of it is moot: it stopped (a snapshot must not arm it again)
     pod.attempt = event.attempt
     pod.retry_at = event.not_before
     cluster.timers.push(event.not_before, RETRY, event.pod_id)

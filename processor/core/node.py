@@ -155,7 +155,7 @@ class Node:
                     raise InvariantViolation(f"pod {pod.pod_id} over-commits the memory of GPU {share.index}")
             for share in gpus:
                 memory[share.index] -= need
-        level = victim_level(pod)
+        level = pod.priority if pod.preemptible else NEVER_VICTIM  # victim_level, inline: hot
         held = self.by_priority.get(level)
         if held is None:
             held = self.by_priority[level] = Held([0] * self.gpu_count)
@@ -183,7 +183,7 @@ class Node:
         self.pods[pod.pod_id] = None
 
     def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
-        level = victim_level(pod)
+        level = pod.priority if pod.preemptible else NEVER_VICTIM  # victim_level, inline: hot
         held = self.by_priority[level]
         held_gpus = held.gpu_milli
         gpu_free = self.gpu_free

@@ -127,10 +127,12 @@ def best_on_node(
     plain: list[tuple[int, str, str, Pod]] = []
     members = False
     for pod_id in node.pods:
-        pod = lookup(pods, pod_id)  # None: a member of the gang being placed, on trial
-        if pod is None or pod.spec.priority > level or not pod.spec.preemptible:
+        if pod_id not in pods:  # a member of the gang being placed, on trial (``lookup``, inlined: the hot loop)
             continue
+        pod = pods[pod_id]
         spec = pod.spec
+        if spec.priority > level or not spec.preemptible:
+            continue
         if spec.gang_id is None:
             started = pod.started_at if pod.started_at is not None else now
             plain.append((spec.num_gpu * spec.gpu_milli * max(0, now - started), pod_id, pod_id, pod))

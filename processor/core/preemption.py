@@ -30,8 +30,10 @@ distinct node capacity could hold even emptied is decided before all that, in O(
 (:func:`_pending_to_file`), and filed in their classes (O(log n) each) only when their bound could
 tie or beat the plan found (or, before there is one, the least bounds, a few at a time), so the
 answer is the one over all nodes. Pending nodes whose bound ties or beats every filed node's (a node
-the command just changed, often) are filed and searched first, so the scan of the filed ones can stop at
-once. A gang's topology domain is searched as a node-selector label (``gang_preemption.in_domain``).
+the command just changed, often) are searched first, so the scan of the filed ones can stop at once;
+when it does, they stay pending (filing them costs more than searching them, and a gang's member changes
+the same node again before the next search); else they are filed, and the search goes on in rounds. A gang's
+topology domain is searched as a node-selector label (``gang_preemption.in_domain``).
 Among ``near`` (a queue retry's changed nodes, the only ones where a waiting pod may preempt then) the
 nodes are bounded one by one instead: O(N · L).
 
@@ -92,27 +94,32 @@ def plan_pod(
     best: PodPlan | None = None
     met: set[str] = set()
     least = _least_bound(runs, now) if level is not None else None
-    covered: tuple[int, int, int] | None = None  # every pending node bounded at most this is filed and met
+    covered: tuple[int, int, int] | None = None  # every pending node bounded at most this is met
+    first_met: list[str] = []  # met while pending: filed only if the search goes on past the filed nodes
     if level is not None and least is not None:
         # Pending nodes whose bound ties or beats every filed node's (often a node the command itself just
-        # changed) are filed and searched first: the scan of the filed ones can then stop at once. The answer
-        # does not depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
+        # changed) are searched first: the scan of the filed ones can then stop at once. The answer does not
+        # depend on which nodes are filed; the scan skips the nodes met here, whose plan is ``best``.
         first = (level, *least)
-        promote = _pending_to_file(cluster, shape, priority, now, first, PROMOTE_FIRST)
-        if len(promote) < PROMOTE_FIRST:
+        first_met = _pending_to_file(cluster, shape, priority, now, first, PROMOTE_FIRST)
+        if len(first_met) < PROMOTE_FIRST:
             covered = first
-        if promote:
-            index.promote(promote, cluster.nodes)
-            best = _plan_pod_among(cluster, shape, priority, now, promote, None, allowed)
+        if first_met:
+            best = _plan_pod_among(cluster, shape, priority, now, first_met, None, allowed)
             if best is not None and best.cost[0] == level:
-                met.update(promote)  # the runs read above stay true: a node filed into them is met
+                met.update(first_met)  # not in the runs read above, or met there
             else:
-                best, covered = None, None  # another level: the scan starts afresh, those nodes now filed
+                best, covered = None, None  # another level: the scan starts afresh, those nodes filed
+                index.promote(first_met, cluster.nodes)
+                first_met = []
                 level, runs = _filed_runs(cluster, shape, priority)
-    if level is not None:
+    if level is not None and (best is None or least is None or best.cost[1:] >= least):
+        # (Else every filed node not met has a bound above the plan: the scan would stop at its first node.)
         best = _scan_filed(cluster, shape, level, runs, now, allowed, best, met)
     if best is not None and covered is not None and best.cost <= covered:
-        return best  # a pending node that could tie or beat it was filed and met above
+        return best  # a pending node that could tie or beat it was met above (it stays pending)
+    if first_met:
+        index.promote(first_met, cluster.nodes)  # met: filed, so that the rounds below do not meet it again
     limit = PROMOTE_FIRST
     while True:
         promote = _pending_to_file(cluster, shape, priority, now, best.cost if best is not None else None, limit)
@@ -133,13 +140,18 @@ def _pending_to_file(
     """Pending nodes whose lower bound (victim level, victims, work lost) is at most ``beat`` (any if None),
     at most ``limit``, least bound first. A bucket's nodes are sorted by latest start, latest first, so by
     their bound: O(B + limit · log) for B buckets (a pod with a node selector: those of its rarest label)."""
-    nodes = cluster.nodes
     tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
+    admits = cluster.index.admits
+    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
+    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
     for key, bucket in cluster.preemptible.buckets(shape.node_selector):
-        _model, _node_class, _cpu, _memory, _gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
+        model, node_class, node_cpu, node_memory, gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
         if level >= priority or (beat is not None and level > beat[0]):
             continue
-        if not could_hold(cluster, nodes[bucket.first()], shape):  # alike in all that it reads
+        # could_hold, read from the bucket (a pending node is schedulable; the rest is in its key)
+        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
+            continue
+        if not admits(node_class, shape):
             continue
         fewest, deficit = _pending_bound_terms(key, shape)
         if beat is not None and (level, fewest) > beat[:2]:
@@ -190,7 +202,19 @@ bound by (1, 0)."""
 
 def _filed_runs(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
     """The least victim level over the preemption index's classes, and the sorted runs of the classes at that
-    level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L)."""
+    level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L); O(1) when the last
+    reading was of this shape and priority and no node was filed or unfiled since (a gang's members, one after
+    the other: the search leaves the nodes it changed pending). Read after ``refresh``: no filed node changed."""
+    index = cluster.preemptible
+    last = index.last_runs
+    if last is not None and last[2] == index.filings and last[1] == priority and (last[0] is shape or last[0] == shape):
+        return last[3], last[4]
+    level, runs = _read_classes(cluster, shape, priority)
+    index.last_runs = (shape, priority, index.filings, level, runs)
+    return level, runs
+
+
+def _read_classes(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
     index = cluster.preemptible
     nodes = cluster.nodes
     at_level: list[tuple[int, VictimClass, Node]] = []

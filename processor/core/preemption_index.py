@@ -199,6 +199,8 @@ class PreemptionIndex:
         "classes",
         "dirty",
         "eager_after",
+        "filings",
+        "last_runs",
         "pending",
     )
 
@@ -216,6 +218,10 @@ class PreemptionIndex:
         # for a pod with a node selector reads the buckets of its rarest label, not every bucket.
         self.by_label: dict[tuple[str, str], dict[PendingKey, None]] = {}
         self._shared = False  # classes, _filed and pending belong to the index this one was forked from
+        # Nodes filed and unfiled so far: the classes are as they were while it stays the same. A search keeps its
+        # reading of the classes for a shape here (``preemption._filed_runs``), for the next search of that shape.
+        self.filings = 0
+        self.last_runs: tuple[object, int, int, int | None, list] | None = None
 
     def fork(self) -> PreemptionIndex:
         """A copy for a what-if fork, O(marked nodes): it reads the original's classes until its first
@@ -255,6 +261,7 @@ class PreemptionIndex:
     def _own(self) -> None:
         """A fork's first change: its own copy of what it shared. O(n)."""
         if self._shared:
+            self.filings += 1  # new lists: a reading of the old ones is not kept
             self.classes = {key: group.copied() for key, group in self.classes.items()}
             self._filed = dict(self._filed)
             self.pending = {key: bucket.copied() for key, bucket in self.pending.items()}
@@ -367,6 +374,7 @@ class PreemptionIndex:
             self._file(nodes[node_id])
 
     def _file(self, node: Node) -> None:
+        self.filings += 1
         key = class_key(node)
         group = self.classes.get(key)
         if group is None:
@@ -388,6 +396,7 @@ class PreemptionIndex:
         filed = self._filed.pop(node_id, None)
         if filed is None:
             return
+        self.filings += 1
         key, entries = filed
         group = self.classes[key]
         group.node_ids.remove(node_id)

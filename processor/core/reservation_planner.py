@@ -23,7 +23,7 @@ from sortedcontainers import SortedList
 
 from processor.core import gangs, node_victims
 from processor.core.policies.base import Policy
-from processor.core.resources import PodShape
+from processor.core.resources import PodShape, gpu_memory_fits
 from processor.core.state import ClusterState, Node, Pod, lookup
 
 
@@ -194,9 +194,14 @@ def _first_release(cluster: ClusterState, node: Node) -> FitKey | None:
 def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, FitKey | None] | None:
     """(whether the node holds the shape now, the sweep's step at which it first shows it does: its first
     step that frees a pod there if it does already, else the step after which it does, None if never); None
-    if the node can never hold the shape. O(p log p) for the node's p pods."""
+    if the node can never hold the shape. What holds it is what the capacity index asks (``CapacityIndex.fits``):
+    CPU, memory, GPUs and, where the node declares it and the pod asks, GPU memory. O(p log p) for the node's
+    p pods."""
     if not node_victims.could_hold(cluster, node, shape):
         return None
+    gpu_memory = shape.gpu_memory_mib if node.gpu_memory_free else 0  # a node without it: not checked
+    if gpu_memory and node.gpu_memory_mib < gpu_memory:
+        return None  # no GPU of this node has that much memory, even empty
     limited: list[tuple[int, str, Pod]] = []
     unlimited: list[tuple[int, str, Pod]] = []
     for pod_id in node.pods:
@@ -209,25 +214,43 @@ def _trigger(cluster: ClusterState, node: Node, shape: PodShape) -> tuple[bool, 
             unlimited.append((pod.started_at or 0, pod_id, pod))
     limited.sort()
     unlimited.sort()
-    if node_victims.fits_now(node, shape):
+    cpu, memory, gpus = node.cpu_free, node.memory_free, list(node.gpu_free)
+    memories = list(node.gpu_memory_free) if gpu_memory else []
+    if _holds(cpu, memory, gpus, memories, shape):
         if limited:
             return True, (0, limited[0][0])
         return True, ((1, (unlimited[0][0], unlimited[0][1])) if unlimited else None)
-    cpu, memory, gpus = node.cpu_free, node.memory_free, list(node.gpu_free)
     for position, (end, _, pod) in enumerate(limited):
         cpu, memory = cpu + pod.spec.cpu_milli, memory + pod.spec.memory_mib
-        for share in pod.gpus:
-            gpus[share.index] += share.milli
+        _free_gpus(pod, gpus, memories)
         last = position + 1 == len(limited) or limited[position + 1][0] != end  # a step frees all that end then
-        if last and cpu >= shape.cpu_milli and memory >= shape.memory_mib and node_victims.gpus_fit(gpus, shape):
+        if last and _holds(cpu, memory, gpus, memories, shape):
             return False, (0, end)
     for started, pod_id, pod in unlimited:
         cpu, memory = cpu + pod.spec.cpu_milli, memory + pod.spec.memory_mib
-        for share in pod.gpus:
-            gpus[share.index] += share.milli
-        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and node_victims.gpus_fit(gpus, shape):
+        _free_gpus(pod, gpus, memories)
+        if _holds(cpu, memory, gpus, memories, shape):
             return False, (1, (started, pod_id))
     return False, None
+
+
+def _free_gpus(pod: Pod, gpus: list[int], memories: list[int]) -> None:
+    """The pod's GPU shares (and, if counted, its GPU memory on each) back to ``gpus`` (and ``memories``)."""
+    for share in pod.gpus:
+        gpus[share.index] += share.milli
+        if memories:
+            memories[share.index] += pod.spec.gpu_memory_mib
+
+
+def _holds(cpu: int, memory: int, gpus: list[int], memories: list[int], shape: PodShape) -> bool:
+    """Whether free CPU, memory, GPUs (and GPU memory, if counted) hold the shape."""
+    if cpu < shape.cpu_milli or memory < shape.memory_mib or not node_victims.gpus_fit(gpus, shape):
+        return False
+    if not memories:
+        return True
+    return gpu_memory_fits(
+        tuple(zip(gpus, memories, strict=True)), shape.num_gpu, shape.gpu_milli, shape.gpu_memory_mib
+    )
 
 
 def _place_at(cluster: ClusterState, holder_id: str, policy: Policy, now: int, step: FitKey) -> tuple[str, ...]:

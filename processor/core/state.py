@@ -314,7 +314,7 @@ class ClusterState:
         usage.add(node.gpu_model, spec, sign)
         if not usage.pods:
             del self.usage[spec.tenant]
-        level = victim_level(spec)
+        level = spec.priority if spec.preemptible else NEVER_VICTIM  # victim_level, inline: hot
         at_priority = self.priority_nodes.get(level)
         if at_priority is None:
             at_priority = self.priority_nodes[level] = {}

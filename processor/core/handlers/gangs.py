@@ -12,7 +12,6 @@ from collections.abc import Callable
 
 from processor.core import gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
-from processor.core.errors import InvariantViolation
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
 from processor.core.handlers.evictions import victim_events
@@ -384,14 +383,17 @@ def _reclaim_capacity_for_gang(decision: Decision, cluster: ClusterState, spec: 
         trial.rollback()
     if found is None:
         return False
+    on_trial = found  # where the gang goes once ``units`` are evicted
     for position in range(len(units) - 1, -1, -1):  # measure: position; fill-back, latest taken first
         fewer = units[:position] + units[position + 1 :]
-        if fewer and fits_inside(fewer) is not None:
-            units = fewer
+        fits = fits_inside(fewer) if fewer else None
+        if fits is not None:
+            units, on_trial = fewer, fits
     victims = victim_events(decision, cluster, spec.gang_id, "gang", units, "reclaim")
-    placed = _inside_nominal(cluster, spec, quota, gangs.try_place(cluster, spec, policy, now))
-    if placed is None:
-        raise InvariantViolation(f"gang {spec.gang_id!r} does not fit after reclaiming capacity")
+    # Placed again on the capacity the evictions freed; a policy that draws from the folded state (random) may
+    # draw other nodes now than on trial, and those may not fit inside the nominal quota: then the placement
+    # found on trial, on the same free capacity.
+    placed = _inside_nominal(cluster, spec, quota, gangs.try_place(cluster, spec, policy, now)) or on_trial
     emit_gang_placement(decision, cluster, spec, placed, from_queue, tuple(p.spec.pod_id for p, _ in victims))
     decision.then(AFTER_PREEMPTION, cluster, victims)
     return True
@@ -441,10 +443,11 @@ def _reclaim_for_gang(decision: Decision, cluster: ClusterState, spec: GangSpec,
             return False
     finally:
         trial.rollback()
+    on_trial = found  # where the gang went with every unit taken evicted on trial
     victims = victim_events(decision, cluster, spec.gang_id, "gang", units, "reclaim")
     found = gangs.try_place(cluster, spec, policy, decision.now)
     if not isinstance(found, gangs.GangPlacement):
-        raise InvariantViolation(f"gang {spec.gang_id!r} does not fit after reclaiming its quota")
+        found = on_trial  # a policy that draws from the folded state may draw otherwise now (as above)
     emit_gang_placement(decision, cluster, spec, found, from_queue, tuple(p.spec.pod_id for p, _ in victims))
     decision.then(AFTER_PREEMPTION, cluster, victims)
     return True

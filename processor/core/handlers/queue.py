@@ -185,8 +185,10 @@ def _gang_may_preempt_on(cluster: ClusterState, spec: GangSpec, nodes: list[Node
     level = preemption_plans.reach(spec.priority, spec.preemption)
     if not preemption_plans.lower_priority_exists(cluster, level):
         return False
-    shapes = {reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now) for member in spec.members}
-    return any(_may_preempt_on(cluster, shape, level, nodes) for shape in sorted(shapes))
+    # Each distinct shape once, in member order (not sorted: a shape's tolerations have no order; the answer
+    # does not depend on the order, the work done before it is found does).
+    shapes = dict.fromkeys(reservations.usable_shape(cluster, spec.gang_id, shape_of(m), now) for m in spec.members)
+    return any(_may_preempt_on(cluster, shape, level, nodes) for shape in shapes)
 
 
 def _start_heads(decision: Decision, cluster: ClusterState) -> Task:
