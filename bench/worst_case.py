@@ -61,6 +61,9 @@ CASES: dict[str, Builder] = {
     "queue_retries": lambda n, p: adv.queue_retries(n, p, 2_000),
     "random_seed_10": lambda n, p: mixed_stream(SeededChooser(10), 200),
     "random_seed_201": lambda n, p: mixed_stream(SeededChooser(201), 300),
+    # Found by fuzzing (open, issue #20): 175 gangs queued under quotas on 4 nodes' worth of churn; a SetQuota's
+    # evictions each leave a queue retry, and each retry tries every queued gang of the cohort again.
+    "random_seed_100029": lambda n, p: mixed_stream(SeededChooser(100029), 4_000, 4),
 }
 
 
