@@ -1,6 +1,6 @@
-"""Streams a fuzzing run found (random mixed streams, seeds beyond the property suite's) on which one command
-raised inside the fold: the fence halted the cluster (ClusterHalted). Each folds to the end now, every command
-with its ordinary outcome."""
+"""Streams on which one command raised inside the fold (the fence halted the cluster: ClusterHalted), or broke an
+invariant: found by a fuzzing run (random mixed streams, seeds beyond the property suite's) and by the property
+suite's hypothesis in CI. Each folds to the end now, every command with its ordinary outcome."""
 
 from __future__ import annotations
 
@@ -17,12 +17,15 @@ from schemas.commands import (
     DrainNode,
     GangMember,
     Release,
+    RemoveDisruptionBudget,
     Retry,
     SetDisruptionBudget,
     SetPolicy,
     SubmitGang,
     SubmitPod,
+    Taint,
     Toleration,
+    UpdateNode,
 )
 from schemas.events import Event
 from schemas.fastcodec import decode_command
@@ -110,3 +113,23 @@ def test_a_pod_that_failed_during_its_drain_grace_is_not_evicted_again_after_a_r
     tail = decide(restored, commands[-1], len(commands) - 1)
     assert [e.payload for e in tail] == [e.payload for e in events[-1]]
     assert state_hash(restored) == state_hash(state)
+
+
+def test_what_a_budget_let_a_taint_evict_goes_to_the_queue() -> None:
+    """A NoExecute taint's evictions waited on a budget; removing the budget evicted them, but the capacity they
+    freed on the node (still schedulable) went to no queue retry: a queued pod that tolerates the taint stayed
+    queued beside a node it fits (the property suite's hypothesis found it in CI)."""
+    payloads = [
+        AddNode("n0", 4000, 8192, "A100", 1),
+        SubmitPod("p2", "t1", 0, 0, 0, 500),
+        SubmitPod("p0", "t1", 0, 1, 100),
+        SetDisruptionBudget("b-t1", "t1", max_unavailable=0),
+        UpdateNode("n0", taints=(Taint("spot", "", "NoExecute"),)),
+        SubmitPod("p1", "t1", 0, 1, 1000, tolerations=(Toleration("spot", "Exists"),)),
+        RemoveDisruptionBudget("b-t1"),
+    ]
+    state, events = _fold([Command(f"c{i}", "c0", 1000 * (i + 1), p) for i, p in enumerate(payloads)])
+    assert [e.type_name for e in events[-1]] == [
+        "DisruptionBudgetRemoved", "PodEvicted", "PodQueued", "PodScheduled", "PodEvicted", "PodQueued"
+    ]  # fmt: skip
+    assert state.clusters["c0"].pods["p1"].node_id == "n0"

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Generator
 
 from processor.core import budgets
-from processor.core.decision import AFTER_EVICTION, Decision, Task
+from processor.core.decision import AFTER_EVICTION, RETRY_QUEUE, Decision, Task
 from processor.core.handlers.reservations import drop_reserved_node
 from processor.core.resources import evicted_by_taints
 from processor.core.state import ClusterState, Node, Pod, lookup
@@ -150,6 +150,8 @@ def _evict_or_block(decision: Decision, cluster: ClusterState, node: Node, pod: 
     decision.emit(PodEvicted(pod_id, node.node_id, reason), cluster.name)
     gang_id = pod.spec.gang_id
     decision.then(AFTER_EVICTION, cluster, [pod] if gang_id is None else [], [gang_id] if gang_id else [], reason)
+    if reason == TAINTED:  # the node stays schedulable: what it freed goes to the queue (a drained one is cordoned)
+        decision.then(RETRY_QUEUE, cluster, (node.node_id,), None)
     yield  # re-placed (or its gang requeued) first: that may free the budget
 
 
