@@ -83,11 +83,70 @@ def plan_pod(
     """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
 
     Over the whole cluster from the preemption index (classes of alike nodes, see
-    ``processor.core.preemption_index``); among ``near`` node by node."""
+    ``processor.core.preemption_index``); among ``near`` node by node.
+
+    Each node offers its least victim set at its own minimal level (:func:`try_node`); the answer is the least of
+    these. The index's search reads only the lowest level it meets, and under ``allowed`` restrictions that
+    level's nodes may offer nothing while a higher level's do: which nodes the search meets first then depends
+    on which are filed and which pending, that is on the searches before it (a restore files none). So a
+    restricted search whose answer is not at the lowest level any node could offer is checked node by node
+    (:func:`_plan_pod_exact`): the answer depends on the state alone, as replay from a snapshot needs."""
     if near is not None:
         return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
+    best = _search(cluster, shape, priority, now, allowed)
+    if not allowed.restricts:
+        return best
+    lowest = _lowest_level(cluster, shape, priority)
+    if lowest is None or (best is not None and best.cost[0] <= lowest):
+        return best  # no node offers a lower level: the search at that level is exact
+    return _plan_pod_exact(cluster, shape, priority, now, allowed)
+
+
+def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int | None:
+    """A lower bound of the least minimal level over every node that could hold the pod: the filed classes'
+    least (exact) and each pending bucket's lowest level held. O(C · L + B)."""
+    level, _runs = _filed_runs(cluster, shape, priority)
+    admits = cluster.index.admits
+    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
+    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
+    for key, _bucket in cluster.preemptible.buckets(shape.node_selector):
+        model, node_class, node_cpu, node_memory, gpu_count, low = key[:6]
+        if low >= priority or (level is not None and low >= level):
+            continue
+        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
+            continue
+        if admits(node_class, shape):
+            level = low
+    return level
+
+
+def _plan_pod_exact(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
+) -> PodPlan | None:
+    """:func:`plan_pod`, node by node: each node that runs lower-priority work offers its plan at its own minimal
+    level; the least (level, victims, work, node id) wins. O(N · L) plus a victim search per node at or below the
+    best level so far; only for a restricted search whose lowest level offered nothing."""
+    nodes = cluster.nodes
+    best: PodPlan | None = None
+    for node_id in candidate_nodes(cluster, priority, None):  # sorted by id
+        node = nodes[node_id]
+        if not could_hold(cluster, node, shape):
+            continue
+        level = minimal_level(node, shape, priority)
+        if level is None or (best is not None and level > best.cost[0]):
+            continue
+        if best is not None and level < best.cost[0]:
+            found = try_node(cluster, node, shape, level, now, None, allowed)
+            best = found if found is not None else best
+        else:
+            best = try_node(cluster, node, shape, level, now, best, allowed)
+    return best
+
+
+def _search(cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims) -> PodPlan | None:
+    """The index's search (see :func:`plan_pod`): the best plan at the lowest level it meets."""
     index = cluster.preemptible
     index.refresh(cluster.nodes)
     level, runs = _filed_runs(cluster, shape, priority)

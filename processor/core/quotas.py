@@ -198,6 +198,82 @@ def _tree_shortfall(
     return Shortfall(tenant, key, now, need, room, within, message, block.cohort, block.depth)
 
 
+def demand_floor(cluster: ClusterState, quota: Quota, specs: list[PodSpec], count: int) -> Demand:
+    """The least that any ``count`` of these pods add to the tenant's limited keys wherever they run, key by key:
+    the sum of the ``count`` smallest amounts on the key. GPUs count only when every model present is counted
+    under one key (else a pod might land where its GPUs count elsewhere or not at all). Each key's check is
+    monotone in what is asked, so a floor that does not fit on one key rules out every set of ``count`` or more
+    of them. O(M log M)."""
+    out: Demand = {}
+    keys = list(dict.fromkeys(gpu_key(quota, model) for model, nodes in cluster.model_nodes.items() if nodes))
+    if len(keys) == 1 and keys[0] is not None:
+        out[keys[0]] = sum(sorted(spec.num_gpu * spec.gpu_milli for spec in specs)[:count])
+    if quota.nominal_cpu_milli is not None:
+        out[CPU] = sum(sorted(spec.cpu_milli for spec in specs)[:count])
+    if quota.nominal_memory_mib is not None:
+        out[MEMORY] = sum(sorted(spec.memory_mib for spec in specs)[:count])
+    return {key: amount for key, amount in out.items() if amount > 0}
+
+
+FREEABLE_SCAN = 512
+"""The tenant's running pods :func:`freeable_below` reads at most; beyond, it counts all the tenant holds."""
+
+
+def freeable_below(cluster: ClusterState, tenant: str, quota: Quota, priority: int) -> Demand | None:
+    """An upper bound of what evicting the tenant's own running pods of priority below ``priority`` gives back to
+    its quota, per key; None: perhaps all it holds. Reads the tenant's pods in reclaim's order (a tenant with its
+    own quota in a cohort), lowest priority first. O(min(p, FREEABLE_SCAN) · keys)."""
+    usage = cluster.usage.get(tenant)
+    if usage is None:
+        return {}
+    if cluster.quotas.get(tenant) is not quota or quota.cohort is None:
+        return None  # its pods are not filed by priority
+    pods = cluster.reclaimable.get((tenant, ""))
+    if pods is None:
+        return {}
+    out: Demand = {}
+    for read, entry in enumerate(pods):  # measure: the pods left below ``priority``, and at most FREEABLE_SCAN
+        if entry[0] >= priority:
+            break
+        if read >= FREEABLE_SCAN:
+            return None
+        pod = cluster.pods[entry[2]]
+        if pod.node_id is not None:
+            add(out, demand(quota, pod.spec, cluster.nodes[pod.node_id].gpu_model))
+    return out
+
+
+def over_own_limit(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand, freed: Demand | None) -> bool:
+    """Whether ``wanted`` breaks the tenant's quota on some key whatever other tenants give back, even after its
+    own pods give back ``freed`` (None: all they hold): its nominal quota outside a cohort; its nominal plus its
+    borrowing limit in one; or its cohort's whole pool (a cohort without a parent), which holds at least the
+    tenant's own use beyond what it keeps (``check``: ``in_use`` sums every member's use beyond its kept part).
+    O(keys · models)."""
+    limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
+    cohort = quota.cohort
+    tree = cohort is not None and bool(cluster.cohort_specs) and cohort_tree.parent_of(cluster.cohort_specs, cohort)
+    for key, need in wanted.items():
+        entry = limits.get(key) if limits is not None else None
+        amount: int | None
+        if entry is not None:
+            amount, kept, limit = entry
+        else:
+            amount, limit = nominal(quota, key), borrowing_limit(quota, key)
+            kept = 0 if amount is None else amount - lendable(quota, key)
+        if amount is None:
+            continue
+        held = 0 if freed is None else used(cluster, tenant, quota, key) - freed.get(key, 0)
+        if cohort is None:
+            if held + need > amount:
+                return True
+            continue
+        if limit is not None and held + need > amount + limit:
+            return True
+        if not tree and max(0, held + need - kept) > pool(cluster, cohort, key)[0]:
+            return True
+    return False
+
+
 def over_limit(cluster: ClusterState, tenant: str, quota: Quota) -> list[str]:
     """The keys on which the tenant runs more than the quota lets it start: its nominal (no cohort) or its
     nominal plus its borrowing limit (a cohort with a limit). Lowering a quota can do that; nothing is evicted."""

@@ -232,6 +232,35 @@ def place_gang(
     return False
 
 
+def quota_rules_out(decision: Decision, cluster: ClusterState, spec: GangSpec) -> bool:
+    """Whether the queued gang's quota rules out its start now, wherever it would go and whatever it evicted:
+    then :func:`place_gang` from the queue would find no way in and emit nothing, and the queue's retry skips it
+    without its trial placement. A retry storm (each eviction of a command retries its tenant's queued gangs)
+    costs O(M log M) per gang so screened instead of O(M · placement).
+
+    The least any admissible set of members adds to the quota (:func:`quotas.demand_floor`, at least
+    ``min_members``) must not fit. A gang that may not preempt changes nothing before its quota check, so the
+    full check decides; one that may preempt can free its cohort's pool by evicting others' pods (reclaim or
+    priority), so only its own limits count, less what its own pods below its reach hold."""
+    if not cluster.quotas_on:
+        return False
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None:
+        return False
+    floor = quotas.demand_floor(cluster, quota, list(spec.members), spec.min_members)
+    if not floor:
+        return False
+    if not (spec.preemption in PREEMPTING and decision.may_preempt):
+        return quotas.check(cluster, spec.tenant, quota, floor) is not None
+    level = preemption_plans.reach(spec.priority, spec.preemption)
+    version = len(decision.events)
+    key = (cluster.name, spec.tenant, level)
+    known = decision.freeable.get(key)
+    if known is None or known[0] != version:
+        known = decision.freeable[key] = (version, quotas.freeable_below(cluster, spec.tenant, quota, level))
+    return quotas.over_own_limit(cluster, spec.tenant, quota, floor, known[1])
+
+
 def _quota_words(spec: GangSpec, message: str) -> str:
     """The quota shortfall of a gang that does not start within its quota, naming what it needs at least: its
     ``min_members`` with each role's minimum (contract v4; a gang without roles: the shortfall alone)."""
