@@ -274,6 +274,50 @@ def over_own_limit(cluster: ClusterState, tenant: str, quota: Quota, wanted: Dem
     return False
 
 
+def pool_short(
+    cluster: ClusterState,
+    tenant: str,
+    quota: Quota,
+    wanted: Demand,
+    freed: Demand | None,
+    given_back: Mapping[str, Demand | None],
+) -> bool:
+    """Whether the pool of the tenant's cohort (one without a parent) has no room for ``wanted`` on some key even
+    after the tenant's own pods give back ``freed`` and each other member's give back ``given_back[member]``
+    (None or missing: all its use beyond what it keeps). A member's share of the pool is its use beyond its kept
+    part, which falls by at most what its pods give back (``check``'s pool arithmetic). O(keys · members)."""
+    cohort = quota.cohort
+    if cohort is None:
+        return False
+    limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
+    members = cluster.cohorts.get(cohort, [])
+    for key, need in wanted.items():
+        entry = limits.get(key) if limits is not None else None
+        amount: int | None
+        if entry is not None:
+            amount, kept, _ = entry
+        else:
+            amount = nominal(quota, key)
+            kept = 0 if amount is None else amount - lendable(quota, key)
+        if amount is None:
+            continue
+        size, in_use = pool(cluster, cohort, key)
+        now = used(cluster, tenant, quota, key)
+        others = in_use - max(0, now - kept)  # the other members' shares
+        for member in members:  # measure: the members left
+            peer_limits = cluster.limits.get(member)
+            peer_entry = peer_limits.get(key) if member != tenant and peer_limits is not None else None
+            if peer_entry is None:
+                continue  # the tenant itself, or a member whose use on the key is not pooled
+            share = max(0, used(cluster, member, cluster.quotas[member], key) - peer_entry.kept)
+            back = given_back.get(member)
+            others -= share if back is None else min(share, back.get(key, 0))
+        held = 0 if freed is None else now - freed.get(key, 0)
+        if max(0, others) + max(0, held + need - kept) > size:
+            return True
+    return False
+
+
 def over_limit(cluster: ClusterState, tenant: str, quota: Quota) -> list[str]:
     """The keys on which the tenant runs more than the quota lets it start: its nominal (no cohort) or its
     nominal plus its borrowing limit (a cohort with a limit). Lowering a quota can do that; nothing is evicted."""
@@ -409,6 +453,19 @@ def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list
         if now + need > amount:
             return True
     return False
+
+
+def would_borrow_on_every_key(cluster: ClusterState, tenant: str, wanted: Demand) -> bool:
+    """Whether adding ``wanted`` would take the tenant over its nominal quota on every key it asks of (so no
+    shortfall of it is within the nominal quota: none is reclaimable). O(keys · models)."""
+    quota = quota_of(cluster, tenant)
+    if quota is None:
+        return False
+    for key, need in wanted.items():
+        amount = nominal(quota, key)
+        if amount is None or used(cluster, tenant, quota, key) + need <= amount:
+            return False
+    return bool(wanted)
 
 
 def may_reclaim(cluster: ClusterState, tenant: str) -> bool:

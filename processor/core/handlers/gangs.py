@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from processor.core import gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
+from processor.core import cohort_tree, gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
@@ -253,12 +253,35 @@ def quota_rules_out(decision: Decision, cluster: ClusterState, spec: GangSpec) -
     if not (spec.preemption in PREEMPTING and decision.may_preempt):
         return quotas.check(cluster, spec.tenant, quota, floor) is not None
     level = preemption_plans.reach(spec.priority, spec.preemption)
+    freed = _freeable(decision, cluster, spec.tenant, level)
+    if quotas.over_own_limit(cluster, spec.tenant, quota, floor, freed):
+        return True
+    cohort = quota.cohort
+    if cohort is None or (cluster.cohort_specs and cohort_tree.parent_of(cluster.cohort_specs, cohort) is not None):
+        return False
+    if quotas.may_reclaim(cluster, spec.tenant) and not quotas.would_borrow_on_every_key(cluster, spec.tenant, floor):
+        return False  # a reclaim may evict borrowers of any priority: only the tenant's own limits count
+    # Priority preemption frees the pool only by the other members' pods below the gang's reach.
+    given_back = {
+        member: _freeable(decision, cluster, member, level)
+        for member in cluster.cohorts.get(cohort, [])
+        if member != spec.tenant
+    }
+    return quotas.pool_short(cluster, spec.tenant, quota, floor, freed, given_back)
+
+
+def _freeable(decision: Decision, cluster: ClusterState, tenant: str, level: int) -> quotas.Demand | None:
+    """:func:`quotas.freeable_below` for the tenant's quota, kept for the command while no event is emitted."""
+    quota = quotas.quota_of(cluster, tenant)
+    if quota is None:
+        return None
     version = len(decision.events)
-    key = (cluster.name, spec.tenant, level)
+    key = (cluster.name, tenant, level)
     known = decision.freeable.get(key)
     if known is None or known[0] != version:
-        known = decision.freeable[key] = (version, quotas.freeable_below(cluster, spec.tenant, quota, level))
-    return quotas.over_own_limit(cluster, spec.tenant, quota, floor, known[1])
+        known = decision.freeable[key] = (version, quotas.freeable_below(cluster, tenant, quota, level))
+    freed: quotas.Demand | None = known[1]
+    return freed
 
 
 def _quota_words(spec: GangSpec, message: str) -> str:
