@@ -46,6 +46,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 
+from processor.core import quotas
 from processor.core.node_victims import (
     bound_terms,
     could_hold,
@@ -95,6 +96,10 @@ def plan_pod(
         return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
+    if allowed.borrowers_only:
+        among = _nodes_of_borrowers(cluster, allowed)
+        if among is not None:  # only these nodes run a pod that may go: each is asked, none else
+            return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
     best = _search(cluster, shape, priority, now, allowed)
     if not allowed.restricts:
         return best
@@ -122,15 +127,39 @@ def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int 
     return level
 
 
+def _nodes_of_borrowers(cluster: ClusterState, allowed: Victims) -> list[str] | None:
+    """For a search that may take only borrowers' pods (and ``allowed.peers``'): the nodes that run a pod of a
+    tenant over its nominal quota on some key, or of a peer, sorted; a node without one offers no victim set.
+    None if such a tenant's pods are not filed by node (``ClusterState.reclaim_nodes``: a tenant with its own
+    quota in a cohort). O(tenants · keys + the nodes returned · log)."""
+    peers = allowed.peers or {}
+    found: dict[str, None] = {}
+    for tenant in cluster.usage:
+        quota = quotas.quota_of(cluster, tenant)
+        if quota is None or (tenant not in peers and not quotas.over_nominal(cluster, tenant, quota)):
+            continue
+        if cluster.quotas.get(tenant) is not quota or quota.cohort is None:
+            return None
+        found.update(cluster.reclaim_nodes.get(tenant, {}))
+    return sorted(found)
+
+
 def _plan_pod_exact(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    allowed: Victims,
+    among: list[str] | None = None,
 ) -> PodPlan | None:
-    """:func:`plan_pod`, node by node: each node that runs lower-priority work offers its plan at its own minimal
-    level; the least (level, victims, work, node id) wins. O(N · L) plus a victim search per node at or below the
-    best level so far; only for a restricted search whose lowest level offered nothing."""
+    """:func:`plan_pod`, node by node (among the sorted node ids ``among``: every node that could offer a plan;
+    None: every node that runs lower-priority work): each node offers its plan at its own minimal level; the least
+    (level, victims, work, node id) wins. O(N · L) plus a victim search per node at or below the best level so far:
+    for a restricted search whose lowest level offered nothing, or one that may take only borrowers' pods (their
+    nodes)."""
     nodes = cluster.nodes
     best: PodPlan | None = None
-    for node_id in candidate_nodes(cluster, priority, None):  # sorted by id
+    for node_id in candidate_nodes(cluster, priority, None) if among is None else among:  # sorted by id
         node = nodes[node_id]
         if not could_hold(cluster, node, shape):
             continue

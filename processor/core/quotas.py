@@ -455,6 +455,15 @@ def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list
     return False
 
 
+def over_nominal(cluster: ClusterState, tenant: str, quota: Quota) -> bool:
+    """Whether the tenant runs over its nominal quota on some key (its pods there borrow). O(keys · models)."""
+    for key in limited_keys(quota):
+        amount = nominal(quota, key)
+        if amount is not None and used(cluster, tenant, quota, key) > amount:
+            return True
+    return False
+
+
 def would_borrow_on_every_key(cluster: ClusterState, tenant: str, wanted: Demand) -> bool:
     """Whether adding ``wanted`` would take the tenant over its nominal quota on every key it asks of (so no
     shortfall of it is within the nominal quota: none is reclaimable). O(keys · models)."""
