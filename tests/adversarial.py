@@ -266,6 +266,21 @@ def borrower_meets_guaranteed_work(
     return s.commands
 
 
+def newer_equal_priority_absent(node_count: int = 1_000, pods: int | None = None, submits: int = 5) -> list[Command]:
+    """Pods that may preempt newer work of their own priority (``lower_or_newer_equal_priority``) on a cluster
+    full of older work of that priority, and nothing lower: every node's lowest victim level is the pod's own,
+    where no pod may go. No index tells which nodes run newer pods of a priority, so each search asks every node
+    (the index's search, then node by node: O(N · L)), and each pod waits. Open (issue #20): over the bound at
+    10,000 nodes on main as on this build."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS, priority=10))
+    for i in range(submits):
+        s.add(SubmitPod(f"e{i}", "t", 10, 1, 1000, 1000, 1024, preemption="lower_or_newer_equal_priority"), attack=True)
+    return s.commands
+
+
 def defragment_target(node_count: int = 1_000, budget: int = 100) -> list[Command]:
     """``Defragment`` with a target on ``node_count`` nodes that each run 7 movable 1-GPU pods.
 
