@@ -127,6 +127,9 @@ def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int 
     return level
 
 
+_NO_NODES: dict[str, int] = {}
+
+
 def _nodes_of_borrowers(cluster: ClusterState, allowed: Victims) -> list[str] | None:
     """For a search that may take only borrowers' pods (and ``allowed.peers``'): the nodes that run a pod of a
     tenant over its nominal quota on some key, or of a peer, sorted; a node without one offers no victim set.
@@ -140,7 +143,8 @@ def _nodes_of_borrowers(cluster: ClusterState, allowed: Victims) -> list[str] | 
             continue
         if cluster.quotas.get(tenant) is not quota or quota.cohort is None:
             return None
-        found.update(cluster.reclaim_nodes.get(tenant, {}))
+        for node_id in cluster.reclaim_nodes.get(tenant, _NO_NODES):
+            found[node_id] = None
     return sorted(found)
 
 
