@@ -100,10 +100,11 @@ def plan_pod(
         among = _nodes_of_borrowers(cluster, allowed)
         if among is not None:  # only these nodes run a pod that may go: each is asked, none else
             return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
-    best = _search(cluster, shape, priority, now, allowed)
     if not allowed.restricts:
-        return best
-    lowest = _lowest_level(cluster, shape, priority)
+        return _search(cluster, shape, priority, now, allowed)
+    cluster.preemptible.refresh(cluster.nodes)
+    lowest = _lowest_level(cluster, shape, priority)  # before the search: its reading of the classes is kept
+    best = _search(cluster, shape, priority, now, allowed)
     if lowest is None or (best is not None and best.cost[0] <= lowest):
         return best  # no node offers a lower level: the search at that level is exact
     return _plan_pod_exact(cluster, shape, priority, now, allowed)
