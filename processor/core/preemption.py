@@ -91,7 +91,10 @@ def plan_pod(
     level's nodes may offer nothing while a higher level's do: which nodes the search meets first then depends
     on which are filed and which pending, that is on the searches before it (a restore files none). So a
     restricted search whose answer is not at the lowest level any node could offer is checked node by node
-    (:func:`_plan_pod_exact`): the answer depends on the state alone, as replay from a snapshot needs."""
+    (:func:`_plan_pod_exact`): the answer depends on the state alone, as replay from a snapshot needs. Two
+    restrictions name the nodes that could offer a plan, which are then asked node by node and no others: a
+    borrowing preemptor's (the nodes of borrowers' pods) and a ``lower_or_newer_equal_priority`` one's once no
+    plan below its priority exists (the nodes that run work of its priority)."""
     if near is not None:
         return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
@@ -102,6 +105,27 @@ def plan_pod(
             return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
     if not allowed.restricts:
         return _search(cluster, shape, priority, now, allowed)
+    equal = allowed.equal
+    if equal is None or allowed.borrowers_only or equal[0] != priority - 1:
+        return _plan_restricted(cluster, shape, priority, now, allowed)
+    # lower_or_newer_equal_priority: a plan below its own priority beats any at it, and is found as for a pod that
+    # takes only lower priorities; else only nodes that run work of its priority may offer one.
+    below = Victims(allowed.protected)
+    if below.restricts:
+        plan = _plan_restricted(cluster, shape, equal[0], now, below)
+    else:
+        plan = _search(cluster, shape, equal[0], now, below)
+    if plan is not None:
+        return plan
+    among = sorted(cluster.priority_nodes.get(equal[0], _NO_NODES))
+    return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
+
+
+def _plan_restricted(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
+) -> PodPlan | None:
+    """:func:`plan_pod` with restrictions: the index's search, then node by node unless its answer is at the
+    lowest level any node could offer (at that level the search is exact). O(C · L + B) more than the search."""
     cluster.preemptible.refresh(cluster.nodes)
     lowest = _lowest_level(cluster, shape, priority)  # before the search: its reading of the classes is kept
     best = _search(cluster, shape, priority, now, allowed)

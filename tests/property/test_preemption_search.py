@@ -5,8 +5,8 @@ before (a restored state has every node pending). Its answer must not depend on 
 snapshot has to decide as the straight fold did. Here every answer is held against the node-by-node search
 (``preemption._plan_pod_exact``: each node's least victim set at its own minimal level, the least of all) after
 every command of random mixed streams, for probe shapes and priorities, unrestricted and with the restrictions a
-command puts on victims (borrowers only, pods evicted earlier); and the stream folded with these probes (which
-file nodes as they go) gives the same events as without them.
+command puts on victims (borrowers only, pods evicted earlier, only newer work of the preemptor's priority); and
+the stream folded with these probes (which file nodes as they go) gives the same events as without them.
 """
 
 from __future__ import annotations
@@ -36,9 +36,21 @@ def _plan(plan: PodPlan | None) -> tuple[str, tuple[str, ...], tuple[int, int, i
     return None if plan is None else (plan.node_id, tuple(pod.spec.pod_id for pod in plan.victims), plan.cost)
 
 
-def _restrictions(cluster: ClusterState) -> tuple[Victims, ...]:
+def _restrictions(cluster: ClusterState, priority: int) -> tuple[Victims, ...]:
+    """None; borrowers' pods only (Kueue's rule); not a third of the running pods (evicted earlier in the
+    command); and, for a preemptor of ``priority - 1`` that takes newer work of its priority, the pods of that
+    priority that arrived after the middle one (``lower_or_newer_equal_priority``), alone and with the third."""
     running = sorted(pod_id for pod_id, pod in cluster.pods.items() if pod.node_id is not None)
-    return (ANY_VICTIM, Victims({}, borrowers_only=True), Victims(dict.fromkeys(running[::3])))
+    arrivals = sorted(cluster.pods[pod_id].spec.arrival for pod_id in running)
+    newer = (priority - 1, arrivals[len(arrivals) // 2] if arrivals else 0)
+    protected = dict.fromkeys(running[::3])
+    return (
+        ANY_VICTIM,
+        Victims({}, borrowers_only=True),
+        Victims(protected),
+        Victims({}, equal=newer),
+        Victims(protected, equal=newer),
+    )
 
 
 def _probe(cluster: ClusterState, now: int) -> int:
@@ -46,7 +58,7 @@ def _probe(cluster: ClusterState, now: int) -> int:
     found = 0
     for shape in PROBES:
         for priority in PRIORITIES:
-            for allowed in _restrictions(cluster):
+            for allowed in _restrictions(cluster, priority):
                 answer = _plan(preemption.plan_pod(cluster, shape, priority, now, None, allowed))
                 exact = _plan(preemption._plan_pod_exact(cluster, shape, priority, now, allowed))
                 assert answer == exact, (shape, priority, allowed)
