@@ -117,8 +117,24 @@ def plan_pod(
         plan = _search(cluster, shape, equal[0], now, below)
     if plan is not None:
         return plan
-    among = sorted(cluster.priority_nodes.get(equal[0], _NO_NODES))
+    among = [
+        node_id
+        for node_id in sorted(cluster.priority_nodes.get(equal[0], _NO_NODES))
+        if _runs_newer(cluster, cluster.nodes[node_id], equal)
+    ]
     return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
+
+
+def _runs_newer(cluster: ClusterState, node: Node, equal: tuple[int, int]) -> bool:
+    """Whether the node runs a preemptible pod of priority ``equal[0]`` that arrived after ``equal[1]``: a plan at
+    that priority takes at least one such pod. O(pods on the node)."""
+    pods = cluster.pods
+    level, arrival = equal
+    for pod_id in node.pods:
+        pod = lookup(pods, pod_id)
+        if pod is not None and pod.spec.priority == level and pod.spec.arrival > arrival and pod.spec.preemptible:
+            return True
+    return False
 
 
 def _plan_restricted(
