@@ -269,9 +269,9 @@ def borrower_meets_guaranteed_work(
 def newer_equal_priority_absent(node_count: int = 1_000, pods: int | None = None, submits: int = 5) -> list[Command]:
     """Pods that may preempt newer work of their own priority (``lower_or_newer_equal_priority``) on a cluster
     full of older work of that priority, and nothing lower: every node's lowest victim level is the pod's own,
-    where no pod may go. No index tells which nodes run newer pods of a priority, so each search asks every node
-    (the index's search, then node by node: O(N · L)), and each pod waits. Open (issue #20): over the bound at
-    10,000 nodes on main as on this build."""
+    where no pod may go. The index's search met every node and each gave nothing (O(N · L) on main: ~400 ms pure
+    at 10,000 nodes); now a search finds no plan below the pod's priority, then asks only the nodes that run a
+    newer pod of it (none here), after reading the pods of the nodes of that priority: O(their pods)."""
     s = Stream()
     s.add(first_fit())
     s.extend(nodes(node_count))
