@@ -42,6 +42,7 @@ from processor.core.quota_keys import (
     GPU,
     MEMORY,
     Demand,
+    Limits,
     borrowing_limit,
     demand,
     gpu_key,
@@ -107,18 +108,22 @@ def _amount(key: str, value: int) -> str:
     return f"{value / GPU_MILLI:g} {what}"
 
 
+def key_limit(quota: Quota, limits: Limits | None, key: str) -> tuple[int | None, int, int | None]:
+    """(nominal amount, the part the tenant keeps for itself, borrowing limit) on a key: from the quota compiled
+    (``ClusterState.limits``) when given, else from the quota itself. Nominal None: the key is not limited."""
+    entry = limits.get(key) if limits is not None else None
+    if entry is not None:
+        return entry.nominal, entry.kept, entry.borrowing
+    amount = nominal(quota, key)
+    return amount, 0 if amount is None else amount - lendable(quota, key), borrowing_limit(quota, key)
+
+
 def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> Shortfall | None:
     """The first key (in key order) on which adding ``wanted`` would break the tenant's quota, or None."""
     limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
     for key in sorted(wanted) if len(wanted) > 1 else wanted:
         need = wanted[key]
-        entry = limits.get(key) if limits is not None else None
-        amount: int | None
-        if entry is not None:
-            amount, kept, limit = entry
-        else:
-            amount, limit = nominal(quota, key), borrowing_limit(quota, key)
-            kept = 0 if amount is None else amount - lendable(quota, key)
+        amount, kept, limit = key_limit(quota, limits, key)
         if amount is None or need <= 0:
             continue
         now = used(cluster, tenant, quota, key)
@@ -253,13 +258,7 @@ def over_own_limit(cluster: ClusterState, tenant: str, quota: Quota, wanted: Dem
     cohort = quota.cohort
     tree = cohort is not None and bool(cluster.cohort_specs) and cohort_tree.parent_of(cluster.cohort_specs, cohort)
     for key, need in wanted.items():
-        entry = limits.get(key) if limits is not None else None
-        amount: int | None
-        if entry is not None:
-            amount, kept, limit = entry
-        else:
-            amount, limit = nominal(quota, key), borrowing_limit(quota, key)
-            kept = 0 if amount is None else amount - lendable(quota, key)
+        amount, kept, limit = key_limit(quota, limits, key)
         if amount is None:
             continue
         held = 0 if freed is None else used(cluster, tenant, quota, key) - freed.get(key, 0)
@@ -292,13 +291,7 @@ def pool_short(
     limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
     members = cluster.cohorts.get(cohort, [])
     for key, need in wanted.items():
-        entry = limits.get(key) if limits is not None else None
-        amount: int | None
-        if entry is not None:
-            amount, kept, _ = entry
-        else:
-            amount = nominal(quota, key)
-            kept = 0 if amount is None else amount - lendable(quota, key)
+        amount, kept, _limit = key_limit(quota, limits, key)
         if amount is None:
             continue
         size, in_use = pool(cluster, cohort, key)
