@@ -48,6 +48,8 @@ CASES: dict[str, Builder] = {
     "gang_preempts": lambda n, p: adv.gang_preempts(n, min(1_024, n * 4), pods=p),
     "gang_preempts_in_domain": lambda n, p: adv.gang_preempts(n, min(1_024, n * 4), topology=True, pods=p),
     "lender_reclaims": lambda n, p: adv.lender_reclaims(n, pods=p),
+    "borrower_meets_guaranteed_work": lambda n, p: adv.borrower_meets_guaranteed_work(n, p, 20),
+    "newer_equal_priority_absent": lambda n, p: adv.newer_equal_priority_absent(n, p, 5),
     "defragment_target": lambda n, p: adv.defragment_target(n),
     "consolidate": lambda n, p: adv.consolidate(n, p),
     "tick_time_limits": lambda n, p: adv.tick_time_limits(max(40, p // 50), 2_000),

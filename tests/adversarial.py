@@ -244,6 +244,43 @@ def lender_reclaims(node_count: int = 1_400, pods: int | None = None) -> list[Co
     return s.commands
 
 
+def borrower_meets_guaranteed_work(
+    node_count: int = 1_000, pods: int | None = None, submits: int = 20
+) -> list[Command]:
+    """Pods that would borrow to run, on a cluster full of work inside its tenant's nominal quota.
+
+    Cohort ``lab``: ``owner``'s nominal quota is every GPU and it runs them all at priority 0; ``spare`` lends a
+    nominal quota it does not use, so ``borrower``'s pods (priority 10) pass their quota check but find no room.
+    They may preempt only borrowers' pods (Kueue's rule), and none borrows: at the lowest victim level no node
+    offers a victim, so each search is answered node by node (``preemption._plan_pod_exact``), O(N · L), and
+    each pod waits. ``submits`` such pods, each a search."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.add(SetQuota("owner", "lab", {"A100": node_count * GPUS}))
+    s.add(SetQuota("spare", "lab", {"A100": node_count * GPUS}))
+    s.add(SetQuota("borrower", "lab", {"A100": 0}))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS, tenant="owner"))
+    for i in range(submits):
+        s.add(SubmitPod(f"b{i}", "borrower", 10, 1, 1000, 1000, 1024), attack=True)
+    return s.commands
+
+
+def newer_equal_priority_absent(node_count: int = 1_000, pods: int | None = None, submits: int = 5) -> list[Command]:
+    """Pods that may preempt newer work of their own priority (``lower_or_newer_equal_priority``) on a cluster
+    full of older work of that priority, and nothing lower: every node's lowest victim level is the pod's own,
+    where no pod may go. The index's search met every node and each gave nothing (O(N · L) on main: ~400 ms pure
+    at 10,000 nodes); now a search finds no plan below the pod's priority, then asks only the nodes that run a
+    newer pod of it (none here), after reading the pods of the nodes of that priority: O(their pods)."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS, priority=10))
+    for i in range(submits):
+        s.add(SubmitPod(f"e{i}", "t", 10, 1, 1000, 1000, 1024, preemption="lower_or_newer_equal_priority"), attack=True)
+    return s.commands
+
+
 def defragment_target(node_count: int = 1_000, budget: int = 100) -> list[Command]:
     """``Defragment`` with a target on ``node_count`` nodes that each run 7 movable 1-GPU pods.
 

@@ -85,6 +85,7 @@ class Decision:
         "command",
         "events",
         "evicted",
+        "freeable",
         "freed",
         "now",
         "offset",
@@ -110,6 +111,9 @@ class Decision:
         # Per cluster, what the queue's retry screened in this command (``handlers.queue``): valid while the
         # queue and the reservation stay as they were.
         self.screens: dict[str, tuple[Any, dict[Any, list[Any]]]] = {}
+        # (cluster, tenant, priority) -> (events emitted when read, what the tenant's pods below that priority
+        # give back to its quota): ``handlers.gangs.quota_rules_out``, valid while no event is emitted.
+        self.freeable: dict[tuple[str, str, int], tuple[int, Any]] = {}
 
     @property
     def legacy(self) -> bool:

@@ -46,6 +46,7 @@ import heapq
 from bisect import bisect_left
 from collections.abc import Iterable, Iterator, Sequence
 
+from processor.core import quotas
 from processor.core.node_victims import (
     bound_terms,
     could_hold,
@@ -83,11 +84,143 @@ def plan_pod(
     """The best node and victims for a pod of ``shape`` and ``priority`` (the order above), or None.
 
     Over the whole cluster from the preemption index (classes of alike nodes, see
-    ``processor.core.preemption_index``); among ``near`` node by node."""
+    ``processor.core.preemption_index``); among ``near`` node by node.
+
+    Each node offers its least victim set at its own minimal level (:func:`try_node`); the answer is the least of
+    these. The index's search reads only the lowest level it meets, and under ``allowed`` restrictions that
+    level's nodes may offer nothing while a higher level's do: which nodes the search meets first then depends
+    on which are filed and which pending, that is on the searches before it (a restore files none). So a
+    restricted search whose answer is not at the lowest level any node could offer is checked node by node
+    (:func:`_plan_pod_exact`): the answer depends on the state alone, as replay from a snapshot needs. Two
+    restrictions name the nodes that could offer a plan, which are then asked node by node and no others: a
+    borrowing preemptor's (the nodes of borrowers' pods) and a ``lower_or_newer_equal_priority`` one's once no
+    plan below its priority exists (the nodes that run work of its priority)."""
     if near is not None:
         return _plan_pod_on(cluster, shape, priority, now, near, allowed)
     if not could_hold_somewhere(cluster, shape):
         return None  # no node could hold it even emptied: decided without refreshing or filing a node
+    if allowed.borrowers_only:
+        among = _nodes_of_borrowers(cluster, allowed)
+        if among is not None:  # only these nodes run a pod that may go: each is asked, none else
+            return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
+    if not allowed.restricts:
+        return _search(cluster, shape, priority, now, allowed)
+    equal = allowed.equal
+    if equal is None or allowed.borrowers_only or equal[0] != priority - 1:
+        return _plan_restricted(cluster, shape, priority, now, allowed)
+    # lower_or_newer_equal_priority: a plan below its own priority beats any at it, and is found as for a pod that
+    # takes only lower priorities; else only nodes that run work of its priority may offer one.
+    below = Victims(allowed.protected)
+    if below.restricts:
+        plan = _plan_restricted(cluster, shape, equal[0], now, below)
+    else:
+        plan = _search(cluster, shape, equal[0], now, below)
+    if plan is not None:
+        return plan
+    among = [
+        node_id
+        for node_id in sorted(cluster.priority_nodes.get(equal[0], _NO_NODES))
+        if _runs_newer(cluster, cluster.nodes[node_id], equal)
+    ]
+    return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
+
+
+def _runs_newer(cluster: ClusterState, node: Node, equal: tuple[int, int]) -> bool:
+    """Whether the node runs a preemptible pod of priority ``equal[0]`` that arrived after ``equal[1]``: a plan at
+    that priority takes at least one such pod. O(pods on the node)."""
+    pods = cluster.pods
+    level, arrival = equal
+    for pod_id in node.pods:
+        pod = lookup(pods, pod_id)
+        if pod is not None and pod.spec.priority == level and pod.spec.arrival > arrival and pod.spec.preemptible:
+            return True
+    return False
+
+
+def _plan_restricted(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims
+) -> PodPlan | None:
+    """:func:`plan_pod` with restrictions: the index's search, then node by node unless its answer is at the
+    lowest level any node could offer (at that level the search is exact). O(C · L + B) more than the search."""
+    cluster.preemptible.refresh(cluster.nodes)
+    lowest = _lowest_level(cluster, shape, priority)  # before the search: its reading of the classes is kept
+    best = _search(cluster, shape, priority, now, allowed)
+    if lowest is None or (best is not None and best.cost[0] <= lowest):
+        return best  # no node offers a lower level: the search at that level is exact
+    return _plan_pod_exact(cluster, shape, priority, now, allowed)
+
+
+def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int | None:
+    """A lower bound of the least minimal level over every node that could hold the pod: the filed classes'
+    least (exact) and each pending bucket's lowest level held. O(C · L + B)."""
+    level, _runs = _filed_runs(cluster, shape, priority)
+    admits = cluster.index.admits
+    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
+    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
+    for key, _bucket in cluster.preemptible.buckets(shape.node_selector):
+        model, node_class, node_cpu, node_memory, gpu_count, low = key[:6]
+        if low >= priority or (level is not None and low >= level):
+            continue
+        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
+            continue
+        if admits(node_class, shape):
+            level = low
+    return level
+
+
+_NO_NODES: dict[str, int] = {}
+
+
+def _nodes_of_borrowers(cluster: ClusterState, allowed: Victims) -> list[str] | None:
+    """For a search that may take only borrowers' pods (and ``allowed.peers``'): the nodes that run a pod of a
+    tenant over its nominal quota on some key, or of a peer, sorted; a node without one offers no victim set.
+    None if such a tenant's pods are not filed by node (``ClusterState.reclaim_nodes``: a tenant with its own
+    quota in a cohort). O(tenants · keys + the nodes returned · log)."""
+    peers = allowed.peers or {}
+    found: dict[str, None] = {}
+    for tenant in cluster.usage:
+        quota = quotas.quota_of(cluster, tenant)
+        if quota is None or (tenant not in peers and not quotas.over_nominal(cluster, tenant, quota)):
+            continue
+        if cluster.quotas.get(tenant) is not quota or quota.cohort is None:
+            return None
+        for node_id in cluster.reclaim_nodes.get(tenant, _NO_NODES):
+            found[node_id] = None
+    return sorted(found)
+
+
+def _plan_pod_exact(
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    allowed: Victims,
+    among: list[str] | None = None,
+) -> PodPlan | None:
+    """:func:`plan_pod`, node by node (among the sorted node ids ``among``: every node that could offer a plan;
+    None: every node that runs lower-priority work): each node offers its plan at its own minimal level; the least
+    (level, victims, work, node id) wins. O(N · L) plus a victim search per node at or below the best level so far:
+    for a restricted search whose lowest level offered nothing, or one that may take only borrowers' pods (their
+    nodes)."""
+    nodes = cluster.nodes
+    best: PodPlan | None = None
+    for node_id in candidate_nodes(cluster, priority, None) if among is None else among:  # sorted by id
+        node = nodes[node_id]
+        if not could_hold(cluster, node, shape):
+            continue
+        level = minimal_level(node, shape, priority)
+        if level is None or (best is not None and level > best.cost[0]):
+            continue
+        if best is not None and level < best.cost[0]:
+            found = try_node(cluster, node, shape, level, now, None, allowed)
+            best = found if found is not None else best
+        else:
+            best = try_node(cluster, node, shape, level, now, best, allowed)
+    return best
+
+
+def _search(cluster: ClusterState, shape: PodShape, priority: int, now: int, allowed: Victims) -> PodPlan | None:
+    """The index's search (see :func:`plan_pod`): the best plan at the lowest level it meets."""
     index = cluster.preemptible
     index.refresh(cluster.nodes)
     level, runs = _filed_runs(cluster, shape, priority)

@@ -42,6 +42,7 @@ from processor.core.quota_keys import (
     GPU,
     MEMORY,
     Demand,
+    Limits,
     borrowing_limit,
     demand,
     gpu_key,
@@ -107,18 +108,22 @@ def _amount(key: str, value: int) -> str:
     return f"{value / GPU_MILLI:g} {what}"
 
 
+def key_limit(quota: Quota, limits: Limits | None, key: str) -> tuple[int | None, int, int | None]:
+    """(nominal amount, the part the tenant keeps for itself, borrowing limit) on a key: from the quota compiled
+    (``ClusterState.limits``) when given, else from the quota itself. Nominal None: the key is not limited."""
+    entry = limits.get(key) if limits is not None else None
+    if entry is not None:
+        return entry.nominal, entry.kept, entry.borrowing
+    amount = nominal(quota, key)
+    return amount, 0 if amount is None else amount - lendable(quota, key), borrowing_limit(quota, key)
+
+
 def check(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand) -> Shortfall | None:
     """The first key (in key order) on which adding ``wanted`` would break the tenant's quota, or None."""
     limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
     for key in sorted(wanted) if len(wanted) > 1 else wanted:
         need = wanted[key]
-        entry = limits.get(key) if limits is not None else None
-        amount: int | None
-        if entry is not None:
-            amount, kept, limit = entry
-        else:
-            amount, limit = nominal(quota, key), borrowing_limit(quota, key)
-            kept = 0 if amount is None else amount - lendable(quota, key)
+        amount, kept, limit = key_limit(quota, limits, key)
         if amount is None or need <= 0:
             continue
         now = used(cluster, tenant, quota, key)
@@ -196,6 +201,114 @@ def _tree_shortfall(
     if within:
         message += ": it is within the tenant's nominal quota, so borrowers give it back (reclaim)"
     return Shortfall(tenant, key, now, need, room, within, message, block.cohort, block.depth)
+
+
+def demand_floor(cluster: ClusterState, quota: Quota, specs: list[PodSpec], count: int) -> Demand:
+    """The least that any ``count`` of these pods add to the tenant's limited keys wherever they run, key by key:
+    the sum of the ``count`` smallest amounts on the key. GPUs count only when every model present is counted
+    under one key (else a pod might land where its GPUs count elsewhere or not at all). Each key's check is
+    monotone in what is asked, so a floor that does not fit on one key rules out every set of ``count`` or more
+    of them. O(M log M)."""
+    out: Demand = {}
+    keys = list(dict.fromkeys(gpu_key(quota, model) for model, nodes in cluster.model_nodes.items() if nodes))
+    if len(keys) == 1 and keys[0] is not None:
+        out[keys[0]] = sum(sorted(spec.num_gpu * spec.gpu_milli for spec in specs)[:count])
+    if quota.nominal_cpu_milli is not None:
+        out[CPU] = sum(sorted(spec.cpu_milli for spec in specs)[:count])
+    if quota.nominal_memory_mib is not None:
+        out[MEMORY] = sum(sorted(spec.memory_mib for spec in specs)[:count])
+    return {key: amount for key, amount in out.items() if amount > 0}
+
+
+FREEABLE_SCAN = 512
+"""The tenant's running pods :func:`freeable_below` reads at most; beyond, it counts all the tenant holds."""
+
+
+def freeable_below(cluster: ClusterState, tenant: str, quota: Quota, priority: int) -> Demand | None:
+    """An upper bound of what evicting the tenant's own running pods of priority below ``priority`` gives back to
+    its quota, per key; None: perhaps all it holds. Reads the tenant's pods in reclaim's order (a tenant with its
+    own quota in a cohort), lowest priority first. O(min(p, FREEABLE_SCAN) · keys)."""
+    usage = cluster.usage.get(tenant)
+    if usage is None:
+        return {}
+    if cluster.quotas.get(tenant) is not quota or quota.cohort is None:
+        return None  # its pods are not filed by priority
+    pods = cluster.reclaimable.get((tenant, ""))
+    if pods is None:
+        return {}
+    out: Demand = {}
+    for read, entry in enumerate(pods):  # measure: the pods left below ``priority``, and at most FREEABLE_SCAN
+        if entry[0] >= priority:
+            break
+        if read >= FREEABLE_SCAN:
+            return None
+        pod = cluster.pods[entry[2]]
+        if pod.node_id is not None:
+            add(out, demand(quota, pod.spec, cluster.nodes[pod.node_id].gpu_model))
+    return out
+
+
+def over_own_limit(cluster: ClusterState, tenant: str, quota: Quota, wanted: Demand, freed: Demand | None) -> bool:
+    """Whether ``wanted`` breaks the tenant's quota on some key whatever other tenants give back, even after its
+    own pods give back ``freed`` (None: all they hold): its nominal quota outside a cohort; its nominal plus its
+    borrowing limit in one; or its cohort's whole pool (a cohort without a parent), which holds at least the
+    tenant's own use beyond what it keeps (``check``: ``in_use`` sums every member's use beyond its kept part).
+    O(keys · models)."""
+    limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
+    cohort = quota.cohort
+    tree = cohort is not None and bool(cluster.cohort_specs) and cohort_tree.parent_of(cluster.cohort_specs, cohort)
+    for key, need in wanted.items():
+        amount, kept, limit = key_limit(quota, limits, key)
+        if amount is None:
+            continue
+        held = 0 if freed is None else used(cluster, tenant, quota, key) - freed.get(key, 0)
+        if cohort is None:
+            if held + need > amount:
+                return True
+            continue
+        if limit is not None and held + need > amount + limit:
+            return True
+        if not tree and max(0, held + need - kept) > pool(cluster, cohort, key)[0]:
+            return True
+    return False
+
+
+def pool_short(
+    cluster: ClusterState,
+    tenant: str,
+    quota: Quota,
+    wanted: Demand,
+    freed: Demand | None,
+    given_back: Mapping[str, Demand | None],
+) -> bool:
+    """Whether the pool of the tenant's cohort (one without a parent) has no room for ``wanted`` on some key even
+    after the tenant's own pods give back ``freed`` and each other member's give back ``given_back[member]``
+    (None or missing: all its use beyond what it keeps). A member's share of the pool is its use beyond its kept
+    part, which falls by at most what its pods give back (``check``'s pool arithmetic). O(keys · members)."""
+    cohort = quota.cohort
+    if cohort is None:
+        return False
+    limits = cluster.limits.get(tenant) if cluster.quotas.get(tenant) is quota else None
+    members = cluster.cohorts.get(cohort, [])
+    for key, need in wanted.items():
+        amount, kept, _limit = key_limit(quota, limits, key)
+        if amount is None:
+            continue
+        size, in_use = pool(cluster, cohort, key)
+        now = used(cluster, tenant, quota, key)
+        others = in_use - max(0, now - kept)  # the other members' shares
+        for member in members:  # measure: the members left
+            peer_limits = cluster.limits.get(member)
+            peer_entry = peer_limits.get(key) if member != tenant and peer_limits is not None else None
+            if peer_entry is None:
+                continue  # the tenant itself, or a member whose use on the key is not pooled
+            share = max(0, used(cluster, member, cluster.quotas[member], key) - peer_entry.kept)
+            back = given_back.get(member)
+            others -= share if back is None else min(share, back.get(key, 0))
+        held = 0 if freed is None else now - freed.get(key, 0)
+        if max(0, others) + max(0, held + need - kept) > size:
+            return True
+    return False
 
 
 def over_limit(cluster: ClusterState, tenant: str, quota: Quota) -> list[str]:
@@ -333,6 +446,28 @@ def would_borrow(cluster: ClusterState, tenant: str, wanted: Demand, freed: list
         if now + need > amount:
             return True
     return False
+
+
+def over_nominal(cluster: ClusterState, tenant: str, quota: Quota) -> bool:
+    """Whether the tenant runs over its nominal quota on some key (its pods there borrow). O(keys · models)."""
+    for key in limited_keys(quota):
+        amount = nominal(quota, key)
+        if amount is not None and used(cluster, tenant, quota, key) > amount:
+            return True
+    return False
+
+
+def would_borrow_on_every_key(cluster: ClusterState, tenant: str, wanted: Demand) -> bool:
+    """Whether adding ``wanted`` would take the tenant over its nominal quota on every key it asks of (so no
+    shortfall of it is within the nominal quota: none is reclaimable). O(keys · models)."""
+    quota = quota_of(cluster, tenant)
+    if quota is None:
+        return False
+    for key, need in wanted.items():
+        amount = nominal(quota, key)
+        if amount is None or used(cluster, tenant, quota, key) + need <= amount:
+            return False
+    return bool(wanted)
 
 
 def may_reclaim(cluster: ClusterState, tenant: str) -> bool:

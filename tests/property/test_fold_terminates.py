@@ -188,6 +188,8 @@ BOUNDED: dict[str, Callable[[], list[Command]]] = {
     "consolidate_12": lambda: adversarial.consolidate(12),
     "queue_retries_12": lambda: adversarial.queue_retries(12, None, 24),
     "baseline_12": lambda: adversarial.baseline(12, None, 20),
+    "borrower_meets_guaranteed_work_12": lambda: adversarial.borrower_meets_guaranteed_work(12, None, 3),
+    "newer_equal_priority_absent_12": lambda: adversarial.newer_equal_priority_absent(12, None, 2),
 }
 
 

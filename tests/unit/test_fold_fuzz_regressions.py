@@ -133,3 +133,21 @@ def test_what_a_budget_let_a_taint_evict_goes_to_the_queue() -> None:
         "DisruptionBudgetRemoved", "PodEvicted", "PodQueued", "PodScheduled", "PodEvicted", "PodQueued"
     ]  # fmt: skip
     assert state.clusters["c0"].pods["p1"].node_id == "n0"
+
+
+def test_a_restricted_preemption_search_answers_alike_after_a_restore() -> None:
+    """A preemptor that would borrow may take only borrowers' pods (Kueue's rule). The lowest victim level any node
+    offered was not allowed; the index's search then answered from whichever nodes it met first, filed or pending,
+    so a state restored from a snapshot (every node pending) answered otherwise than the straight fold: the queue
+    retry at command 135 of this stream preempted ``p48`` in one and left its preemptor queued in the other. The
+    search now checks such an answer node by node (``preemption._plan_pod_exact``)."""
+    from tests.adversarial import SeededChooser, mixed_stream
+
+    commands = mixed_stream(SeededChooser(100074), 300, 6)
+    state, events = _fold(commands)
+    restored = from_snapshot(decode_snapshot(encode_snapshot(to_snapshot(_fold(commands[:135])[0]))))
+    tail = [decide(restored, command, offset) for offset, command in enumerate(commands[135:], 135)]
+    assert [[e.payload for e in batch] for batch in tail] == [[e.payload for e in batch] for batch in events[135:]]
+    assert state_hash(restored) == state_hash(state)
+    preempted = [e.payload.pod_id for e in events[135] if e.type_name == "PodPreempted"]
+    assert "p48" in preempted

@@ -246,3 +246,44 @@ def test_quotas_survive_a_snapshot() -> None:
     assert restored.clusters["c0"].quotas == fold.cluster.quotas
     assert restored.clusters["c0"].cohorts == {"lab": ["a"]}
     assert restored.clusters["c0"].default_quota == fold.cluster.default_quota
+
+
+def test_a_gangs_quota_floor_counts_its_smallest_members_and_gpus_only_under_one_key() -> None:
+    """``demand_floor``: the ``count`` smallest amounts on each key; GPUs only when every model present is counted
+    under one key (a member could land on a model the quota does not limit)."""
+    from processor.core.quotas import demand_floor
+    from schemas.events import PodSpec
+
+    fold = cluster(nodes=1)
+    fold.run(SetQuota("a", nominal_gpus={"A100": 8}, nominal_cpu_milli=64_000))
+    quota = fold.cluster.quotas["a"]
+    members = [
+        PodSpec(f"m{i}", "a", 0, gpus, 1000, cpu, 1024, (), {}, (), 0, i)
+        for i, (gpus, cpu) in enumerate(((4, 1000), (1, 9000), (2, 5000)))
+    ]
+    assert demand_floor(fold.cluster, quota, members, 2) == {"gpu:A100": 3000, "cpu": 6000}
+    fold.run(AddNode("h100-0", 64_000, 262_144, "H100", 8))  # not named by the quota: counted elsewhere
+    assert demand_floor(fold.cluster, quota, members, 2) == {"cpu": 6000}
+
+
+def test_a_queued_gang_its_cohort_pool_cannot_hold_stays_queued_through_a_cascade() -> None:
+    """A preempting gang of a tenant with no nominal quota, borrowing from a pool smaller than its smallest
+    admissible set, is skipped by the queue's retry (``quota_rules_out``) and stays queued with its reason; a gang
+    the pool can hold starts once room is freed."""
+    from processor.core.decision import Decision
+    from processor.core.handlers.gangs import quota_rules_out
+    from schemas.commands import Command, Tick
+
+    fold = cluster(nodes=2, size=4)
+    fold.run(SetQuota("lender", cohort="lab", nominal_gpus={"A100": 2}))
+    fold.run(SetQuota("b", cohort="lab", nominal_gpus={"A100": 0}))
+    members = tuple(GangMember(f"big-{i}", 2, 1000, 1000, 1024) for i in range(2))
+    (queued,) = fold.run(SubmitGang("big", "b", 10, members))
+    assert queued.type_name == "GangQueued"
+    assert queued.payload.reasons[0].code == QueueReasonCode.QUOTA_EXCEEDED
+    spec = fold.cluster.gangs["big"].spec
+    probe = Decision(fold.state, Command("probe", fold.cluster.name, fold.state.clock, Tick()), 0)
+    assert quota_rules_out(probe, fold.cluster, spec)  # 4 GPUs wanted, the pool lends 2: no eviction helps
+    small = tuple(GangMember(f"small-{i}", 1, 1000, 1000, 1024) for i in range(2))
+    assert types(fold.run(SubmitGang("small", "b", 10, small)))[0] == "GangScheduled"
+    assert fold.cluster.gangs["big"].state == "queued"

@@ -431,6 +431,27 @@ def test_preemption_lower_or_newer_equal_priority_takes_newer_work_of_the_same_p
             assert "PodPreempted" not in types(fold.run(Tick()))
 
 
+def test_lower_or_newer_equal_priority_prefers_lower_work_and_finds_newer_work_on_any_node() -> None:
+    """A pod that may take newer work of its priority waits while the only such work is older (the first node);
+    once a newer pod runs on the second node and a blocker there ends, it takes that pod, past the first node.
+    And lower-priority work goes before newer work of its own priority (a lower victim level wins)."""
+    mode = "lower_or_newer_equal_priority"
+    fold = cluster(nodes=2, size=4)
+    fold.run(gpus("old", count=4, priority=3))
+    fold.run(gpus("blocker", count=2, preemptible=False))
+    assert types(fold.run(gpus("waits", count=4, priority=3, preemption=mode))) == ["PodQueued"]
+    assert types(fold.run(gpus("newer", count=2, priority=3))) == ["PodScheduled"]
+    events = fold.run(Release("blocker"))
+    assert {e.payload.pod_id for e in of(events, "PodPreempted")} == {"newer"}
+    assert fold.placement("waits") is not None
+    assert fold.placement("old") is not None and fold.placement("newer") is None
+    fold = cluster(nodes=2, size=4)
+    fold.run(gpus("low", count=4, priority=1))
+    fold.run(gpus("same", count=4, priority=3))
+    events = fold.run(gpus("p", count=4, priority=3, preemption=mode))
+    assert {e.payload.pod_id for e in of(events, "PodPreempted")} == {"low"}
+
+
 def test_a_tenant_of_weight_0_gets_capacity_only_when_no_one_else_wants_it() -> None:
     """Fair share with weight 0 (contract v4): freed capacity goes to every weighted tenant's waiting pods first,
     however little they run, then to the weight-0 tenant's, older though they are."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from processor.core import gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
+from processor.core import cohort_tree, gang_preemption, gangs, preemption_plans, quota_keys, quotas, reclaim
 from processor.core.decision import AFTER_PREEMPTION, RETRY_QUEUE, WAKE_DEPENDANTS, Decision, Task, cluster_policy
 from processor.core.handlers.checks import check_models, check_new_job_ids, check_no_cycle
 from processor.core.handlers.dependants import hold_new_job
@@ -230,6 +230,58 @@ def place_gang(
     if (not from_queue) if announce is None else announce:
         decision.emit(GangQueued(spec.gang_id, reasons, spec, requeued), cluster.name)
     return False
+
+
+def quota_rules_out(decision: Decision, cluster: ClusterState, spec: GangSpec) -> bool:
+    """Whether the queued gang's quota rules out its start now, wherever it would go and whatever it evicted:
+    then :func:`place_gang` from the queue would find no way in and emit nothing, and the queue's retry skips it
+    without its trial placement. A retry storm (each eviction of a command retries its tenant's queued gangs)
+    costs O(M log M) per gang so screened instead of O(M · placement).
+
+    The least any admissible set of members adds to the quota (:func:`quotas.demand_floor`, at least
+    ``min_members``) must not fit. A gang that may not preempt changes nothing before its quota check, so the
+    full check decides; one that may preempt can free its cohort's pool by evicting others' pods (reclaim or
+    priority), so only its own limits count, less what its own pods below its reach hold."""
+    if not cluster.quotas_on:
+        return False
+    quota = quotas.quota_of(cluster, spec.tenant)
+    if quota is None:
+        return False
+    floor = quotas.demand_floor(cluster, quota, list(spec.members), spec.min_members)
+    if not floor:
+        return False
+    if not (spec.preemption in PREEMPTING and decision.may_preempt):
+        return quotas.check(cluster, spec.tenant, quota, floor) is not None
+    level = preemption_plans.reach(spec.priority, spec.preemption)
+    freed = _freeable(decision, cluster, spec.tenant, level)
+    if quotas.over_own_limit(cluster, spec.tenant, quota, floor, freed):
+        return True
+    cohort = quota.cohort
+    if cohort is None or (cluster.cohort_specs and cohort_tree.parent_of(cluster.cohort_specs, cohort) is not None):
+        return False
+    if quotas.may_reclaim(cluster, spec.tenant) and not quotas.would_borrow_on_every_key(cluster, spec.tenant, floor):
+        return False  # a reclaim may evict borrowers of any priority: only the tenant's own limits count
+    # Priority preemption frees the pool only by the other members' pods below the gang's reach.
+    given_back = {
+        member: _freeable(decision, cluster, member, level)
+        for member in cluster.cohorts.get(cohort, [])
+        if member != spec.tenant
+    }
+    return quotas.pool_short(cluster, spec.tenant, quota, floor, freed, given_back)
+
+
+def _freeable(decision: Decision, cluster: ClusterState, tenant: str, level: int) -> quotas.Demand | None:
+    """:func:`quotas.freeable_below` for the tenant's quota, kept for the command while no event is emitted."""
+    quota = quotas.quota_of(cluster, tenant)
+    if quota is None:
+        return None
+    version = len(decision.events)
+    key = (cluster.name, tenant, level)
+    known = decision.freeable.get(key)
+    if known is None or known[0] != version:
+        known = decision.freeable[key] = (version, quotas.freeable_below(cluster, tenant, quota, level))
+    freed: quotas.Demand | None = known[1]
+    return freed
 
 
 def _quota_words(spec: GangSpec, message: str) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 
 from processor.core import gangs, node_victims, preemption_plans, quotas, reservations
 from processor.core.decision import Decision, Task
-from processor.core.handlers.gangs import place_gang
+from processor.core.handlers.gangs import place_gang, quota_rules_out
 from processor.core.handlers.pods import place
 from processor.core.resources import PodShape, Signature
 from processor.core.state import GANG_QUEUED, ClusterState, Node, lookup, shape_of
@@ -117,7 +117,9 @@ def _retry(decision: Decision, cluster: ClusterState, heap: list[Entry], fair: b
                 continue
         if kind == 1:
             queued = cluster.gangs.get(key[2])
-            if queued is not None and queued.state == GANG_QUEUED:
+            if queued is None or queued.state != GANG_QUEUED:
+                continue
+            if not quota_rules_out(decision, cluster, queued.spec):  # a quota that rules it out: it stays queued
                 place_gang(decision, cluster, queued.spec, from_queue=True, requeued=False)
                 yield  # what its placement set off, before the next candidate
             continue
