@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from processor.core import gangs, reservations
+from processor.core.node_victims import gpus_fit
 from processor.core.policies.base import Choice, Policy
 from processor.core.preemption import plan_again, plan_pod
 from processor.core.preemption_plans import ANY_VICTIM, GangPlan, PodPlan, Trial, Unit, Victims, cost_of
@@ -84,7 +85,10 @@ def _gang_in(
     try:
         for position, member in enumerate(members):
             shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
-            groups = cluster.index.feasible_in(shape, key, value)
+            if last is not None and held.get(shape) is last[0] and not _room_for(cluster.nodes[last[1]], shape):
+                groups = []  # no room for the shape anywhere before the last member, which changed that node alone
+            else:
+                groups = cluster.index.feasible_in(shape, key, value)
             if groups:
                 choice = policy.place(cluster, shape, groups)
                 trial.allocate(member, choice)
@@ -140,6 +144,12 @@ AGAIN_TRIES = 8
 """Floors a gang's placement computes that answer no member (:func:`preemption.plan_again`) before it stops
 computing them: a floor costs about a search, and answers members only where one node offers several victims
 cheaper than any other node's."""
+
+
+def _room_for(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free CPU, memory and GPUs could hold the shape: what the capacity index asks first of a
+    node (``CapacityIndex.fits``), so a node without it is not among ``feasible_in``'s. O(G)."""
+    return node.cpu_free >= shape.cpu_milli and node.memory_free >= shape.memory_mib and gpus_fit(node.gpu_free, shape)
 
 
 def changes_its_node_alone(plan: PodPlan, allowed: Victims) -> bool:

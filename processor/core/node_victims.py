@@ -268,13 +268,16 @@ def _least_single(
     wanted = shape.num_gpu
     one = shape.gpu_milli < GPU_MILLI or wanted == 1
     need = min(shape.gpu_milli, GPU_MILLI)
-    whole = most = 0
-    for milli in gpu_free:
-        if milli >= GPU_MILLI:
-            whole += 1
-        if milli > most:
-            most = milli
-    fits_free = not wanted or (most >= need if one else whole >= wanted)
+    whole = 0
+    if not wanted:
+        fits_free = True
+    elif one:
+        fits_free = bool(gpu_free) and max(gpu_free) >= need
+    else:
+        for milli in gpu_free:
+            if milli >= GPU_MILLI:
+                whole += 1
+        fits_free = whole >= wanted
     for work, _pod_id, key, pod in singles:  # measure: the singles left
         if beat is not None and (1, work) >= beat:
             return None  # this one and every later one lose to the node that set ``beat``

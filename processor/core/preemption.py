@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from processor.core import quotas
 from processor.core.node_victims import (
+    best_on_node,
     bound_terms,
     could_hold,
     could_hold_somewhere,
@@ -147,12 +148,16 @@ def plan_again(
     level = minimal_level(node, shape, priority)  # could_hold: as when it was searched (pods alone changed)
     if level is None or (floor is not None and level > floor[0]):
         return None, floor
-    found = try_node(cluster, node, shape, level, now, None, ANY_VICTIM)
+    # Once the floor is known, a set of victims on the node that does not beat it is not looked for.
+    beat = (floor[1], floor[2]) if floor is not None and level == floor[0] else None
+    found = best_on_node(cluster, node, shape, level, now, beat, ANY_VICTIM)
     if found is None:
         return None, floor
+    (count, work), units = found
+    plan = PodPlan(node_id, units, (level, count, work))
     if floor is None:
         floor = floor_without(cluster, shape, priority, now, node_id)
-    return (found if found.cost < floor else None), floor
+    return (plan if plan.cost < floor else None), floor
 
 
 def floor_without(
@@ -401,8 +406,9 @@ bound by (1, 0)."""
 def _filed_runs(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
     """The least victim level over the preemption index's classes, and the sorted runs of the classes at that
     level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L); O(1) when the last
-    reading was of this shape and priority and no node was filed or unfiled since (a gang's members, one after
-    the other: the search leaves the nodes it changed pending). Read after ``refresh``: no filed node changed."""
+    reading was of this shape and priority and no class or run was made or dropped since (``filings``: the runs
+    read are the classes' own sorted lists, kept in place as nodes of existing classes are filed and unfiled; a
+    gang's members, one after the other). Read after ``refresh``: no filed node changed."""
     index = cluster.preemptible
     last = index.last_runs
     if last is not None and last[2] == index.filings and last[1] == priority and (last[0] is shape or last[0] == shape):
