@@ -456,7 +456,8 @@ def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int,
     """At least how many victims, and how much work lost, it takes on this node, from the per-priority
     summary (no pod is visited): :func:`bound_terms`, every GPU milli freed running since the latest
     start of a pod there at least; one victim alone loses at least its GPU x its time running. Latest
-    starts are never lowered when a pod leaves, so the bound stays a bound."""
+    starts are those of the pods running (``Held.forget_start``), or later for a pod stopped without its start
+    given, so the bound stays a bound."""
     deficit = gpu_deficit(node.gpu_free, shape)
     if not deficit:
         return (1, 0)
