@@ -47,6 +47,7 @@ CASES: dict[str, Builder] = {
     "dependency_chain": lambda n, p: adv.dependency_chain(max(1_000, p // 25)),
     "gang_preempts": lambda n, p: adv.gang_preempts(n, min(1_024, n * 4), pods=p),
     "gang_preempts_in_domain": lambda n, p: adv.gang_preempts(n, min(1_024, n * 4), topology=True, pods=p),
+    "gang_preempts_spread": lambda n, p: adv.gang_preempts_spread(n, min(1_024, n * 4), pods=p),
     "lender_reclaims": lambda n, p: adv.lender_reclaims(n, pods=p),
     "borrower_meets_guaranteed_work": lambda n, p: adv.borrower_meets_guaranteed_work(n, p, 20),
     "newer_equal_priority_absent": lambda n, p: adv.newer_equal_priority_absent(n, p, 5),

@@ -222,6 +222,25 @@ def gang_preempts(
     return s.commands
 
 
+def gang_preempts_spread(node_count: int = 500, members: int = 1_024, *, pods: int | None = None) -> list[Command]:
+    """:func:`gang_preempts` where each member's cheapest victim is on another node: after the fill, every node's
+    first pod is released and a new 1-GPU pod started there, node after node, so the newest pod of the cluster,
+    the one a member evicts first, is one per node and each node's next is older than every other node's newest.
+
+    ``gang_preemption`` asks the node the member before took again (``preemption.plan_again``) only while that
+    node's plan is below a floor of every other node's; here it never is, so after ``AGAIN_TRIES`` floors computed
+    for nothing each member is searched, as before ``plan_again``: its worst case, measured beside the first."""
+    s = Stream()
+    s.add(first_fit())
+    s.extend(nodes(node_count))
+    s.extend(fill(node_count, pods if pods is not None else node_count * GPUS))
+    s.extend(Release(f"f{n}-0") for n in range(node_count))
+    s.extend(SubmitPod(f"r{n}", "t", 0, 1, 1000, 1_000, 1_024) for n in range(node_count))  # first-fit: r{n} on n
+    gang = tuple(GangMember(f"g-{i}", 1, 1000, 1000, 1024) for i in range(members))
+    s.add(SubmitGang("g", "t", 10, gang), attack=True)
+    return s.commands
+
+
 def lender_reclaims(node_count: int = 1_400, pods: int | None = None) -> list[Command]:
     """One lender pod reclaims from a borrower that runs on every node.
 

@@ -345,7 +345,7 @@ def _applied_pod_scheduled(state: PartitionState, cluster: ClusterState, event: 
 def _unbind(cluster: ClusterState, pod: Pod) -> None:
     node = _node_of(cluster, pod.node_id)  # type: ignore[arg-type]
     cluster.charge(pod, node, -1)
-    node.free(pod.spec, pod.gpus)
+    node.free(pod.spec, pod.gpus, pod.started_at)
     pod.node_id = None
     pod.gpus = ()
     pod.started_at = None
@@ -672,7 +672,7 @@ def _applied_pod_migrated(state: PartitionState, cluster: ClusterState, event: P
     if not target.schedulable or (target is source and tuple(event.to_gpus) == pod.gpus):
         raise InvariantViolation(f"pod {event.pod_id!r} migrated to unschedulable node {event.to_node!r} or nowhere")
     cluster.charge(pod, source, -1)
-    source.free(pod.spec, pod.gpus)
+    source.free(pod.spec, pod.gpus, pod.started_at)
     target.allocate(pod.spec, tuple(event.to_gpus), pod.started_at)
     pod.node_id = target.node_id
     pod.gpus = tuple(event.to_gpus)

@@ -141,7 +141,7 @@ class Trial:
     def move(self, pod: Pod, to_node: str, to_gpus: tuple[GpuShare, ...], why: str) -> None:
         from_node, from_gpus = self.where(pod)
         nodes = self.cluster.nodes
-        nodes[from_node].free(pod.spec, from_gpus)
+        nodes[from_node].free(pod.spec, from_gpus, pod.started_at)
         nodes[to_node].allocate(pod.spec, to_gpus, pod.started_at)
         self._reindex(from_node)
         self._reindex(to_node)
@@ -155,7 +155,7 @@ class Trial:
         while len(self.moves) > mark:  # measure: the moves' count, down by one a turn
             move = self.moves.pop()
             pod = self.cluster.pods[move.pod_id]
-            nodes[move.to_node].free(pod.spec, move.to_gpus)
+            nodes[move.to_node].free(pod.spec, move.to_gpus, pod.started_at)
             nodes[move.from_node].allocate(pod.spec, move.from_gpus, pod.started_at)
             self._reindex(move.to_node)
             self._reindex(move.from_node)

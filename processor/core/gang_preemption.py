@@ -8,6 +8,13 @@ member by member, not a joint minimum over the gang.
 
 Each member that fits nowhere free is placed by the pod search (``processor.core.preemption``) within the
 domain, its victims evicted on trial (``preemption_plans.Trial``) before the next member is placed.
+
+A member of the same shape as the one before, whose victims were pods of no gang all on the node it took, is
+first asked of that node alone (``preemption.plan_again``): that node is the only one changed since the search,
+and a plan there below a floor of every other node's plan (computed once per node so taken) is the search's
+answer. A gang that takes several of one node's victims, the cheapest of the cluster (a node whose pods started
+last), then pays one search per node, not per member. Floors that answer no member stop being computed after
+:data:`AGAIN_TRIES`, so a gang whose members each go elsewhere pays at most that many more.
 """
 
 from __future__ import annotations
@@ -15,9 +22,10 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from processor.core import gangs, reservations
+from processor.core.node_victims import gpus_fit
 from processor.core.policies.base import Choice, Policy
-from processor.core.preemption import plan_pod
-from processor.core.preemption_plans import ANY_VICTIM, GangPlan, Trial, Unit, Victims, cost_of
+from processor.core.preemption import plan_again, plan_pod
+from processor.core.preemption_plans import ANY_VICTIM, GangPlan, PodPlan, Trial, Unit, Victims, cost_of
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, shape_of
 from schemas.events import GangSpec, PodSpec
@@ -69,18 +77,37 @@ def _gang_in(
     units: dict[str, Unit] = {}
     members = gangs.ordered_members(spec)
     held: dict[PodShape, PodShape] = {}  # member shape -> held to the domain
+    # The last member's plan while it may answer the next one's search (preemption.plan_again): the shape
+    # searched, the plan's node, and the floor of the other nodes once computed. That node alone changes until the
+    # next member's search.
+    last: tuple[PodShape, str, tuple[int, int, int] | None] | None = None
+    tries = AGAIN_TRIES  # floors computed for nothing allowed before plan_again is no longer tried
     try:
         for position, member in enumerate(members):
             shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
-            groups = cluster.index.feasible_in(shape, key, value)
+            if last is not None and held.get(shape) is last[0] and not _room_for(cluster.nodes[last[1]], shape):
+                groups = []  # no room for the shape anywhere before the last member, which changed that node alone
+            else:
+                groups = cluster.index.feasible_in(shape, key, value)
             if groups:
                 choice = policy.place(cluster, shape, groups)
                 trial.allocate(member, choice)
+                last = None
             else:
                 within = held.get(shape)
                 if within is None:
                     within = held[shape] = in_domain(shape, key, value)
-                plan = plan_pod(cluster, within, spec.priority, now, None, allowed)
+                plan = None
+                if last is not None and last[0] is within and (last[2] is not None or tries > 0):
+                    plan, floor = plan_again(cluster, within, spec.priority, now, last[1], last[2])
+                    if plan is None and floor is not None and last[2] is None:
+                        tries -= 1  # a floor computed for nothing
+                    last = (within, last[1], floor) if plan is not None else None
+                if plan is None:
+                    plan = plan_pod(cluster, within, spec.priority, now, None, allowed)
+                    last = (within, plan.node_id, None) if plan is not None else None
+                if last is not None and (plan is None or not changes_its_node_alone(plan, allowed)):
+                    last = None
                 if plan is None:
                     if len(placed) + len(members) - position - 1 < spec.min_members:
                         return None
@@ -111,6 +138,31 @@ def _gang_in(
         return GangPlan(placement, ordered, cost_of(ordered))
     finally:
         trial.rollback()
+
+
+AGAIN_TRIES = 8
+"""Floors a gang's placement computes that answer no member (:func:`preemption.plan_again`) before it stops
+computing them: a floor costs about a search, and answers members only where one node offers several victims
+cheaper than any other node's."""
+
+
+def _room_for(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free CPU, memory and GPUs could hold the shape: what the capacity index asks first of a
+    node (``CapacityIndex.fits``), so a node without it is not among ``feasible_in``'s. O(G)."""
+    return node.cpu_free >= shape.cpu_milli and node.memory_free >= shape.memory_mib and gpus_fit(node.gpu_free, shape)
+
+
+def changes_its_node_alone(plan: PodPlan, allowed: Victims) -> bool:
+    """Whether evicting the plan's victims changes no node's plan but its own, for a search without restrictions:
+    they are pods of no gang (a gang's unit, and its members' spares, read pods on other nodes), all on its
+    node. O(victims)."""
+    if allowed.restricts:
+        return False  # not searched so (which pods may go can read quota usage, which the evictions change)
+    for unit in plan.units:
+        for pod in unit.pods:
+            if pod.spec.gang_id is not None or pod.node_id != plan.node_id:
+                return False
+    return True
 
 
 def in_domain(shape: PodShape, key: str | None, value: str | None) -> PodShape:

@@ -162,6 +162,11 @@ class Node:
         milli = pod.num_gpu * pod.gpu_milli
         held.sizes[milli] = held.sizes.get(milli, 0) + 1
         if started_at is not None:
+            by_start = held.starts.get(milli)
+            if by_start is None:
+                held.starts[milli] = {started_at: 1}
+            else:
+                by_start[started_at] = by_start.get(started_at, 0) + 1
             latest = held.latest_starts
             if latest.get(milli, -1) < started_at:
                 latest[milli] = started_at
@@ -182,7 +187,9 @@ class Node:
             held.gpu_pods += 1
         self.pods[pod.pod_id] = None
 
-    def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...]) -> None:
+    def free(self, pod: PodSpec, gpus: tuple[GpuShare, ...], started_at: int | None = None) -> None:
+        """Give a pod's resources back. ``started_at``: the start it was allocated with (None if none), so the
+        per-priority summary's latest starts stay exact (:meth:`Held.forget_start`)."""
         level = pod.priority if pod.preemptible else NEVER_VICTIM  # victim_level, inline: hot
         held = self.by_priority[level]
         held_gpus = held.gpu_milli
@@ -207,7 +214,10 @@ class Node:
         if not held.pods:
             del self.by_priority[level]
         else:
-            held.drop_size(pod.num_gpu * pod.gpu_milli)
+            milli = pod.num_gpu * pod.gpu_milli
+            if started_at is not None:
+                held.forget_start(milli, started_at)
+            held.drop_size(milli)
         del self.pods[pod.pod_id]
         if self.cpu_free > self.cpu_milli or over:
             raise InvariantViolation(f"node {self.node_id} freed more than its capacity")

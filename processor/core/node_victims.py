@@ -261,6 +261,23 @@ def _least_single(
     sets of one."""
     node_id = node.node_id
     cpu_free, memory_free = node.cpu_free, node.memory_free
+    gpu_free = node.gpu_free
+    # :func:`gpus_fit` of the node's free GPUs plus one victim's shares, from what the free GPUs alone give:
+    # one GPU (or a share of one): the most free on one GPU, and each share's GPU with it added; several whole
+    # GPUs: the whole ones free, and each share's GPU that it makes whole.
+    wanted = shape.num_gpu
+    one = shape.gpu_milli < GPU_MILLI or wanted == 1
+    need = min(shape.gpu_milli, GPU_MILLI)
+    whole = 0
+    if not wanted:
+        fits_free = True
+    elif one:
+        fits_free = bool(gpu_free) and max(gpu_free) >= need
+    else:
+        for milli in gpu_free:
+            if milli >= GPU_MILLI:
+                whole += 1
+        fits_free = whole >= wanted
     for work, _pod_id, key, pod in singles:  # measure: the singles left
         if beat is not None and (1, work) >= beat:
             return None  # this one and every later one lose to the node that set ``beat``
@@ -270,12 +287,22 @@ def _least_single(
         memory = memory_free + spec.memory_mib if here else memory_free
         if cpu < shape.cpu_milli or memory < shape.memory_mib:
             continue
-        gpu = list(node.gpu_free)
-        if here:
-            for share in pod.gpus:
-                gpu[share.index] += share.milli
-        if gpus_fit(gpu, shape):
+        if fits_free:
             return (work, key, pod)
+        if not here:
+            continue
+        if one:
+            for share in pod.gpus:
+                if gpu_free[share.index] + share.milli >= need:
+                    return (work, key, pod)
+        else:
+            gained = whole
+            for share in pod.gpus:
+                free = gpu_free[share.index]
+                if free < GPU_MILLI <= free + share.milli:
+                    gained += 1
+            if gained >= wanted:
+                return (work, key, pod)
     return None
 
 
@@ -429,7 +456,8 @@ def lower_bound(node: Node, shape: PodShape, level: int, now: int) -> tuple[int,
     """At least how many victims, and how much work lost, it takes on this node, from the per-priority
     summary (no pod is visited): :func:`bound_terms`, every GPU milli freed running since the latest
     start of a pod there at least; one victim alone loses at least its GPU x its time running. Latest
-    starts are never lowered when a pod leaves, so the bound stays a bound."""
+    starts are those of the pods running (``Held.forget_start``), or later for a pod stopped without its start
+    given, so the bound stays a bound."""
     deficit = gpu_deficit(node.gpu_free, shape)
     if not deficit:
         return (1, 0)

@@ -37,7 +37,8 @@ topology domain is searched as a node-selector label (``gang_preemption.in_domai
 Among ``near`` (a queue retry's changed nodes, the only ones where a waiting pod may preempt then) the
 nodes are bounded one by one instead: O(N · L).
 
-**A gang**: ``processor.core.gang_preemption``, member by member with this search.
+**A gang**: ``processor.core.gang_preemption``, member by member with this search, or :func:`plan_again` when only
+the node the member before took changed.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from processor.core import quotas
 from processor.core.node_victims import (
+    best_on_node,
     bound_terms,
     could_hold,
     could_hold_somewhere,
@@ -123,6 +125,74 @@ def plan_pod(
         if _runs_newer(cluster, cluster.nodes[node_id], equal)
     ]
     return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
+
+
+def plan_again(
+    cluster: ClusterState,
+    shape: PodShape,
+    priority: int,
+    now: int,
+    node_id: str,
+    floor: tuple[int, int, int] | None,
+) -> tuple[PodPlan | None, tuple[int, int, int] | None]:
+    """:func:`plan_pod` without restrictions, for a shape and priority whose last search answered a plan on
+    ``node_id``, when since then only that node's pods changed: (its plan now, the floor) if the plan costs less
+    than the floor, a bound of every other node's plan (:func:`floor_without`, computed when ``floor`` is None),
+    else (None, the floor or None): search as usual. Every other node is as it was, so a plan below the floor is
+    the least. The caller vouches for what changed (``gang_preemption``: a gang's next member of the same shape,
+    after the last one's victims, pods of no gang, were evicted there and it took their place), and keeps the
+    floor while it does. O(pods on the node); the floor, once: O(C · L + B)."""
+    node = lookup(cluster.nodes, node_id)
+    if node is None:
+        return None, floor
+    level = minimal_level(node, shape, priority)  # could_hold: as when it was searched (pods alone changed)
+    if level is None or (floor is not None and level > floor[0]):
+        return None, floor
+    # Once the floor is known, a set of victims on the node that does not beat it is not looked for.
+    beat = (floor[1], floor[2]) if floor is not None and level == floor[0] else None
+    found = best_on_node(cluster, node, shape, level, now, beat, ANY_VICTIM)
+    if found is None:
+        return None, floor
+    (count, work), units = found
+    plan = PodPlan(node_id, units, (level, count, work))
+    if floor is None:
+        floor = floor_without(cluster, shape, priority, now, node_id)
+    return (plan if plan.cost < floor else None), floor
+
+
+def floor_without(
+    cluster: ClusterState, shape: PodShape, priority: int, now: int, node_id: str
+) -> tuple[int, int, int]:
+    """A lower bound of the cost (level, victims, work) of every node's plan but ``node_id``'s, from the index
+    refreshed: the least bound of the filed nodes at their least level (the runs' first entries, as the search
+    reads them) and of the pending buckets' nodes (their first entries), that node skipped wherever it is;
+    (``priority``, 0, 0), above every plan, if no other node could offer one. O(C · L + B)."""
+    cluster.preemptible.refresh(cluster.nodes)  # the node itself is pending now: not in the runs read below
+    floor = (priority, 0, 0)
+    level, runs = _filed_runs(cluster, shape, priority)
+    if level is not None:
+        least = _least_bound(runs, now)
+        if least is not None:
+            floor = (level, *least)
+    admits = cluster.index.admits
+    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
+    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
+    for key, bucket in cluster.preemptible.buckets(shape.node_selector):  # as _pending_to_file reads them
+        model, node_class, node_cpu, node_memory, gpu_count, low = key[:6]
+        if low >= priority or low > floor[0]:
+            continue
+        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
+            continue
+        if not admits(node_class, shape):
+            continue
+        fewest, deficit = _pending_bound_terms(key, shape)
+        if (low, fewest) > floor[:2]:
+            continue
+        for minus_latest, pending_id in bucket.ordered()[:2]:  # the least work bound first
+            if pending_id != node_id:
+                floor = min(floor, (low, fewest, deficit * max(0, now + minus_latest)))
+                break
+    return floor
 
 
 def _runs_newer(cluster: ClusterState, node: Node, equal: tuple[int, int]) -> bool:
@@ -336,8 +406,9 @@ bound by (1, 0)."""
 def _filed_runs(cluster: ClusterState, shape: PodShape, priority: int) -> tuple[int | None, list[Run]]:
     """The least victim level over the preemption index's classes, and the sorted runs of the classes at that
     level (see :func:`_scan_filed`); (None, []) if no filed node could make room. O(C · L); O(1) when the last
-    reading was of this shape and priority and no node was filed or unfiled since (a gang's members, one after
-    the other: the search leaves the nodes it changed pending). Read after ``refresh``: no filed node changed."""
+    reading was of this shape and priority and no class or run was made or dropped since (``filings``: the runs
+    read are the classes' own sorted lists, kept in place as nodes of existing classes are filed and unfiled; a
+    gang's members, one after the other). Read after ``refresh``: no filed node changed."""
     index = cluster.preemptible
     last = index.last_runs
     if last is not None and last[2] == index.filings and last[1] == priority and (last[0] is shape or last[0] == shape):

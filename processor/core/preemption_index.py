@@ -218,8 +218,10 @@ class PreemptionIndex:
         # for a pod with a node selector reads the buckets of its rarest label, not every bucket.
         self.by_label: dict[tuple[str, str], dict[PendingKey, None]] = {}
         self._shared = False  # classes, _filed and pending belong to the index this one was forked from
-        # Nodes filed and unfiled so far: the classes are as they were while it stays the same. A search keeps its
-        # reading of the classes for a shape here (``preemption._filed_runs``), for the next search of that shape.
+        # Classes and runs made or dropped so far: a reading of the classes holds while it stays the same (a run
+        # read is a class's own sorted list, which filing and unfiling a node of an existing class change in place;
+        # a run emptied that way stays in the reading, empty). A search keeps its reading for a shape here
+        # (``preemption._filed_runs``), for the next search of that shape.
         self.filings = 0
         self.last_runs: tuple[object, int, int, int | None, list] | None = None
 
@@ -374,11 +376,11 @@ class PreemptionIndex:
             self._file(nodes[node_id])
 
     def _file(self, node: Node) -> None:
-        self.filings += 1
         key = class_key(node)
         group = self.classes.get(key)
         if group is None:
             group = self.classes[key] = VictimClass()
+            self.filings += 1
         node_id = node.node_id
         group.node_ids.add(node_id)
         entries = []
@@ -389,6 +391,7 @@ class PreemptionIndex:
                 stream = streams.get((level, milli))
                 if stream is None:
                     stream = streams[(level, milli)] = SortedList()
+                    self.filings += 1
                 stream.add((-started, node_id))
         self._filed[node_id] = (key, tuple(entries))
 
@@ -396,12 +399,12 @@ class PreemptionIndex:
         filed = self._filed.pop(node_id, None)
         if filed is None:
             return
-        self.filings += 1
         key, entries = filed
         group = self.classes[key]
         group.node_ids.remove(node_id)
         if not group.node_ids:
             del self.classes[key]
+            self.filings += 1
             return
         for level, milli, started in entries:
             stream = group.streams[(level, milli)]

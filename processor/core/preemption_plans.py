@@ -197,7 +197,7 @@ class Trial:
         """Free the pod on trial. ``reindex=False``: the caller reindexes its node before the next search
         (once for several changes on one node); the node is returned for that."""
         node = self.cluster.nodes[pod.node_id]  # type: ignore[index]
-        node.free(pod.spec, pod.gpus)
+        node.free(pod.spec, pod.gpus, pod.started_at)
         if reindex:
             self.cluster.reindex(node)
         self.cluster.charge(pod, node, -1)

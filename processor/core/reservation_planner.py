@@ -266,7 +266,7 @@ def _place_at(cluster: ClusterState, holder_id: str, policy: Policy, now: int, s
                 key = (1, (pod.started_at or 0, pod.spec.pod_id))
             if key <= step:
                 node = cluster.nodes[pod.node_id]
-                node.free(pod.spec, pod.gpus)
+                node.free(pod.spec, pod.gpus, pod.started_at)
                 freed.append(pod)
         for node_id in dict.fromkeys(pod.node_id for pod in freed):
             cluster.reindex(cluster.nodes[node_id])  # type: ignore[index]
@@ -326,7 +326,7 @@ def _sweep(
             for pod_id in pod_ids:
                 pod = cluster.pods[pod_id]
                 node = cluster.nodes[pod.node_id]  # type: ignore[index]
-                node.free(pod.spec, pod.gpus)
+                node.free(pod.spec, pod.gpus, pod.started_at)
                 cluster.reindex(node)
                 freed.append(pod)
                 changed.append(node.node_id)

@@ -71,14 +71,18 @@ class Held:
     memory_mib: int = 0
     pods: int = 0
     gpu_pods: int = 0  # of them, the pods holding GPUs
-    # GPU milli of one pod -> the latest start among the pods that size (never lowered when one stops, so it
-    # stays an upper bound, but dropped with the last pod of that size: a size no pod has any more would
-    # promise a victim that is not there); the latest start of all (-1: none) and the largest size in it (0:
-    # none); and how many pods of each size run.
+    # GPU milli of one pod -> the latest start among the pods that size (the pods that started with a start
+    # recorded; a pod stopped without its start given leaves it an upper bound, dropped with the last pod of that
+    # size: a size no pod has any more would promise a victim that is not there); the latest start of all (-1:
+    # none) and the largest size in it (0: none); and how many pods of each size run.
     latest_starts: dict[int, int] = field(default_factory=dict)
     latest_start: int = -1
     largest_gpu_milli: int = 0
     sizes: dict[int, int] = field(default_factory=dict)
+    # GPU milli of one pod -> start -> how many pods of that size started then: what makes the latest start
+    # exact again when the latest pod stops (else, after an eviction of a node's newest pod, the node's bound
+    # stays that of a pod no longer there and every preemption search meets it in vain).
+    starts: dict[int, dict[int, int]] = field(default_factory=dict)
 
     def copied(self) -> Held:
         """A copy with its own GPU list and starts (a what-if fork's)."""
@@ -92,7 +96,32 @@ class Held:
             self.latest_start,
             self.largest_gpu_milli,
             dict(self.sizes),
+            {milli: dict(by_start) for milli, by_start in self.starts.items()},
         )
+
+    def forget_start(self, milli: int, started: int) -> None:
+        """One pod of ``milli`` GPU milli that started at ``started`` stopped: the size's latest start (and the
+        latest of all, and the largest size) become those of the pods left. O(1), or O(distinct starts of the
+        size) when it was the latest. A start never recorded changes nothing (the latest stays a bound)."""
+        by_start = self.starts.get(milli)
+        if by_start is None or started not in by_start:
+            return
+        count = by_start[started] - 1
+        if count:
+            by_start[started] = count
+            return
+        del by_start[started]
+        if started != self.latest_starts.get(milli):
+            return
+        if by_start:
+            self.latest_starts[milli] = max(by_start)
+        else:  # pods of the size without a start recorded may run on: the size stays in ``sizes``
+            del self.starts[milli]
+            del self.latest_starts[milli]
+            if milli == self.largest_gpu_milli:
+                self.largest_gpu_milli = max(self.latest_starts, default=0)
+        if started == self.latest_start:
+            self.latest_start = max(self.latest_starts.values(), default=-1)
 
     def drop_size(self, milli: int) -> None:
         """One pod of ``milli`` GPU milli stopped: the last one of its size takes the size's latest start along."""
@@ -101,6 +130,7 @@ class Held:
             self.sizes[milli] = count
             return
         del self.sizes[milli]
+        self.starts.pop(milli, None)
         started = self.latest_starts.pop(milli, None)
         if started is None:
             return

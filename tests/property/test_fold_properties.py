@@ -158,6 +158,17 @@ def check_indexes(cluster: ClusterState) -> None:
                 max(held.latest_starts, default=0),
             )
             assert set(held.latest_starts) <= set(held.sizes)  # no size without a pod of that size
+        starts: dict[int, dict[int, dict[int, int]]] = {}  # level -> size -> start -> its running pods
+        for pod_id in node.pods:
+            running = cluster.pods[pod_id]
+            if running.started_at is not None:
+                by_size = starts.setdefault(victim_level(running.spec), {})
+                by_start = by_size.setdefault(running.spec.num_gpu * running.spec.gpu_milli, {})
+                by_start[running.started_at] = by_start.get(running.started_at, 0) + 1
+        # Exact, not only a bound: every running pod stops with its start given (Held.forget_start).
+        assert {level: held.starts for level, held in node.by_priority.items() if held.starts} == starts
+        for held in node.by_priority.values():
+            assert held.latest_starts == {size: max(by_start) for size, by_start in held.starts.items()}
         sizes: dict[int, dict[int, int]] = {}  # victim level -> GPU milli of one pod -> pods of the node
         for pod_id in node.pods:
             spec = cluster.pods[pod_id].spec

@@ -175,6 +175,7 @@ BOUNDED: dict[str, Callable[[], list[Command]]] = {
     "preemption_cascade_40": lambda: adversarial.preemption_cascade(40),
     "dependency_chain_60": lambda: adversarial.dependency_chain(60),
     "gang_preempts_24": lambda: adversarial.gang_preempts(24, 48, topology=True),
+    "gang_preempts_spread_24": lambda: adversarial.gang_preempts_spread(24, 48),
     "lender_reclaims_12": lambda: adversarial.lender_reclaims(12),
     "defragment_target_12": lambda: adversarial.defragment_target(12),
     "tick_time_limits_48": lambda: adversarial.tick_time_limits(48, 48),
