@@ -174,17 +174,7 @@ def floor_without(
         least = _least_bound(runs, now)
         if least is not None:
             floor = (level, *least)
-    admits = cluster.index.admits
-    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
-    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
-    for key, bucket in cluster.preemptible.buckets(shape.node_selector):  # as _pending_to_file reads them
-        model, node_class, node_cpu, node_memory, gpu_count, low = key[:6]
-        if low >= priority or low > floor[0]:
-            continue
-        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
-            continue
-        if not admits(node_class, shape):
-            continue
+    for low, key, bucket in _buckets_below(cluster, shape, priority, floor[0]):  # as _pending_to_file reads them
         fewest, deficit = _pending_bound_terms(key, shape)
         if (low, fewest) > floor[:2]:
             continue
@@ -224,16 +214,8 @@ def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int 
     """A lower bound of the least minimal level over every node that could hold the pod: the filed classes'
     least (exact) and each pending bucket's lowest level held. O(C · L + B)."""
     level, _runs = _filed_runs(cluster, shape, priority)
-    admits = cluster.index.admits
-    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
-    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
-    for key, _bucket in cluster.preemptible.buckets(shape.node_selector):
-        model, node_class, node_cpu, node_memory, gpu_count, low = key[:6]
-        if low >= priority or (level is not None and low >= level):
-            continue
-        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
-            continue
-        if admits(node_class, shape):
+    for low, _key, _bucket in _buckets_below(cluster, shape, priority, priority if level is None else level - 1):
+        if level is None or low < level:
             level = low
     return level
 
@@ -344,18 +326,7 @@ def _pending_to_file(
     at most ``limit``, least bound first. A bucket's nodes are sorted by latest start, latest first, so by
     their bound: O(B + limit · log) for B buckets (a pod with a node selector: those of its rarest label)."""
     tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
-    admits = cluster.index.admits
-    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
-    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
-    for key, bucket in cluster.preemptible.buckets(shape.node_selector):
-        model, node_class, node_cpu, node_memory, gpu_count, level, _gpu_pods, _largest, _free, _most_free = key
-        if level >= priority or (beat is not None and level > beat[0]):
-            continue
-        # could_hold, read from the bucket (a pending node is schedulable; the rest is in its key)
-        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
-            continue
-        if not admits(node_class, shape):
-            continue
+    for level, key, bucket in _buckets_below(cluster, shape, priority, priority if beat is None else beat[0]):
         fewest, deficit = _pending_bound_terms(key, shape)
         if beat is not None and (level, fewest) > beat[:2]:
             continue
@@ -377,6 +348,25 @@ def _pending_to_file(
         if len(chosen) >= limit:
             break
     return chosen
+
+
+def _buckets_below(
+    cluster: ClusterState, shape: PodShape, priority: int, top: int
+) -> Iterator[tuple[int, PendingKey, PendingBucket]]:
+    """The pending buckets whose lowest level is below ``priority`` and at most ``top`` and whose nodes could hold
+    the shape (:func:`could_hold`, read from the bucket: a pending node is schedulable, the rest is in its key),
+    as (level, key, bucket). O(B) for the B buckets of the shape's node selector."""
+    admits = cluster.index.admits
+    models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
+    gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
+    for key, bucket in cluster.preemptible.buckets(shape.node_selector):
+        model, node_class, node_cpu, node_memory, gpu_count, level = key[:6]
+        if level >= priority or level > top:
+            continue
+        if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
+            continue
+        if admits(node_class, shape):
+            yield level, key, bucket
 
 
 def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:
