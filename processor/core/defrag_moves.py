@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.core.fragmentation import Fragmenter
+from processor.core.node_victims import room_in
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod
 from schemas.commands import GPU_MILLI
@@ -209,14 +210,8 @@ def admits(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
 
 
 def fits(node: Node, shape: PodShape) -> bool:
-    if node.cpu_free < shape.cpu_milli or node.memory_free < shape.memory_mib:
-        return False
-    free = node.gpu_free
-    if not shape.num_gpu:
-        return True
-    if shape.gpu_milli >= GPU_MILLI:
-        return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
-    return max(free, default=0) >= shape.gpu_milli  # a node without GPUs holds no share
+    """Whether the node's free room holds the shape (:func:`node_victims.room_in`)."""
+    return room_in(node.cpu_free, node.memory_free, node.gpu_free, shape)
 
 
 def fits_without(node: Node, shape: PodShape, pods: Sequence[Pod], trial: Trial | None = None) -> bool:
@@ -234,13 +229,6 @@ def fits_without(node: Node, shape: PodShape, pods: Sequence[Pod], trial: Trial 
     if shape.gpu_milli >= GPU_MILLI:
         return sum(1 for milli in free if milli >= GPU_MILLI) >= shape.num_gpu
     return max(free, default=0) >= shape.gpu_milli
-
-
-def gpus_fit(node: Node, shape: PodShape) -> bool:
-    """Whether the node's free GPUs hold the shape's (CPU and memory aside)."""
-    if shape.gpu_milli >= GPU_MILLI:
-        return sum(1 for milli in node.gpu_free if milli >= GPU_MILLI) >= shape.num_gpu
-    return max(node.gpu_free, default=0) >= shape.gpu_milli
 
 
 def fewest_covering(amounts: list[int], short: int) -> int | None:

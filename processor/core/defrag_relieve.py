@@ -32,10 +32,10 @@ from processor.core.defrag_moves import (
     fewest_covering,
     fits,
     fits_without,
-    gpus_fit,
     movable_pods,
     whole_free,
 )
+from processor.core.node_victims import gpus_fit
 from processor.core.policies.base import default_gpus
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod, lookup
@@ -170,7 +170,7 @@ def _room_across(
             continue
         if shape.gpu_models and node.gpu_model not in shape.gpu_models:
             continue
-        if not gpus_fit(node, shape) or fits(node, shape):
+        if not gpus_fit(node.gpu_free, shape) or fits(node, shape):
             continue  # only a node whose GPUs the pod could take but whose CPU or memory is short
         present = (lookup(cluster.pods, pod_id) for pod_id in sorted(node.pods))
         movable = [

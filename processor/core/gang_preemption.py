@@ -20,9 +20,10 @@ last), then pays one search per node, not per member. Floors that answer no memb
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from processor.core import gangs, reservations
-from processor.core.node_victims import gpus_fit
+from processor.core.node_victims import room_in
 from processor.core.policies.base import Choice, Policy
 from processor.core.preemption import plan_again, plan_pod
 from processor.core.preemption_plans import ANY_VICTIM, GangPlan, PodPlan, Trial, Unit, Victims, cost_of
@@ -77,15 +78,12 @@ def _gang_in(
     units: dict[str, Unit] = {}
     members = gangs.ordered_members(spec)
     held: dict[PodShape, PodShape] = {}  # member shape -> held to the domain
-    # The last member's plan while it may answer the next one's search (preemption.plan_again): the shape
-    # searched, the plan's node, and the floor of the other nodes once computed. That node alone changes until the
-    # next member's search.
-    last: tuple[PodShape, str, tuple[int, int, int] | None] | None = None
+    last: _Chain | None = None  # the last member's plan while it may answer the next one's search
     tries = AGAIN_TRIES  # floors computed for nothing allowed before plan_again is no longer tried
     try:
         for position, member in enumerate(members):
             shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
-            if last is not None and held.get(shape) is last[0] and not _room_for(cluster.nodes[last[1]], shape):
+            if last is not None and held.get(shape) is last.shape and not _room_on(cluster.nodes[last.node_id], shape):
                 groups = []  # no room for the shape anywhere before the last member, which changed that node alone
             else:
                 groups = cluster.index.feasible_in(shape, key, value)
@@ -98,14 +96,14 @@ def _gang_in(
                 if within is None:
                     within = held[shape] = in_domain(shape, key, value)
                 plan = None
-                if last is not None and last[0] is within and (last[2] is not None or tries > 0):
-                    plan, floor = plan_again(cluster, within, spec.priority, now, last[1], last[2])
-                    if plan is None and floor is not None and last[2] is None:
+                if last is not None and last.shape is within and (last.floor is not None or tries > 0):
+                    plan, floor = plan_again(cluster, within, spec.priority, now, last.node_id, last.floor)
+                    if plan is None and floor is not None and last.floor is None:
                         tries -= 1  # a floor computed for nothing
-                    last = (within, last[1], floor) if plan is not None else None
+                    last = _Chain(within, last.node_id, floor) if plan is not None else None
                 if plan is None:
                     plan = plan_pod(cluster, within, spec.priority, now, None, allowed)
-                    last = (within, plan.node_id, None) if plan is not None else None
+                    last = _Chain(within, plan.node_id, None) if plan is not None else None
                 if last is not None and (plan is None or not changes_its_node_alone(plan, allowed)):
                     last = None
                 if plan is None:
@@ -140,16 +138,25 @@ def _gang_in(
         trial.rollback()
 
 
+class _Chain(NamedTuple):
+    """The last member's plan while it may answer the next member's search (:func:`preemption.plan_again`): that
+    node alone changes until then."""
+
+    shape: PodShape  # the shape searched (held to the domain)
+    node_id: str  # the node the plan took
+    floor: tuple[int, int, int] | None  # the least bound of every other node's plan, once computed
+
+
 AGAIN_TRIES = 8
 """Floors a gang's placement computes that answer no member (:func:`preemption.plan_again`) before it stops
 computing them: a floor costs about a search, and answers members only where one node offers several victims
 cheaper than any other node's."""
 
 
-def _room_for(node: Node, shape: PodShape) -> bool:
-    """Whether the node's free CPU, memory and GPUs could hold the shape: what the capacity index asks first of a
-    node (``CapacityIndex.fits``), so a node without it is not among ``feasible_in``'s. O(G)."""
-    return node.cpu_free >= shape.cpu_milli and node.memory_free >= shape.memory_mib and gpus_fit(node.gpu_free, shape)
+def _room_on(node: Node, shape: PodShape) -> bool:
+    """Whether the node's free room could hold the shape (``node_victims.room_in``): what the capacity index asks
+    first of a node (``CapacityIndex.fits``), so a node without it is not among ``feasible_in``'s. O(G)."""
+    return room_in(node.cpu_free, node.memory_free, node.gpu_free, shape)
 
 
 def changes_its_node_alone(plan: PodPlan, allowed: Victims) -> bool:

@@ -63,6 +63,13 @@ def gpus_fit(free: list[int], shape: PodShape) -> bool:
     return whole >= shape.num_gpu
 
 
+def room_in(cpu: int, memory: int, gpus: list[int], shape: PodShape) -> bool:
+    """Whether free CPU, memory and GPUs (milli per GPU, any order) hold the shape, GPU memory and the node's
+    model and class aside: the free-room part of ``CapacityIndex.fits``, read from a node's free capacity
+    (or one counted with victims gone) instead of its sorted signature. O(G)."""
+    return cpu >= shape.cpu_milli and memory >= shape.memory_mib and gpus_fit(gpus, shape)
+
+
 def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
     """The lowest priority L < ``priority`` such that removing every pod of priority <= L makes room,
     or None. O(L · G) from the per-priority sums."""
@@ -90,7 +97,7 @@ def minimal_level(node: Node, shape: PodShape, priority: int) -> int | None:
         cpu += held.cpu_milli
         memory += held.memory_mib
         gpu = [free + milli for free, milli in zip(gpu, held.gpu_milli, strict=True)]
-        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and gpus_fit(gpu, shape):
+        if room_in(cpu, memory, gpu, shape):
             return level
     return None
 
@@ -209,7 +216,7 @@ def best_on_node(
                 memory += more_memory
                 for index, milli in more_gpus:
                     gpu[index] += milli
-            if cpu < shape.cpu_milli or memory < shape.memory_mib or not gpus_fit(gpu, shape):
+            if not room_in(cpu, memory, gpu, shape):
                 continue
             if spare and not _allowed_together([ordered[i] for i in chosen], spare):
                 continue
@@ -365,7 +372,7 @@ def _greedy(
         memory += more_memory
         for index, milli in more_gpus:
             gpu[index] += milli
-        if cpu >= shape.cpu_milli and memory >= shape.memory_mib and gpus_fit(gpu, shape):
+        if room_in(cpu, memory, gpu, shape):
             units = sorted((ordered[j] for j in chosen), key=lambda unit: unit.key)
             value = (sum(unit.count for unit in units), sum(unit.work for unit in units))
             return None if beat is not None and value >= beat else (value, units)

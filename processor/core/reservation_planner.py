@@ -244,7 +244,7 @@ def _free_gpus(pod: Pod, gpus: list[int], memories: list[int]) -> None:
 
 def _holds(cpu: int, memory: int, gpus: list[int], memories: list[int], shape: PodShape) -> bool:
     """Whether free CPU, memory, GPUs (and GPU memory, if counted) hold the shape."""
-    if cpu < shape.cpu_milli or memory < shape.memory_mib or not node_victims.gpus_fit(gpus, shape):
+    if not node_victims.room_in(cpu, memory, gpus, shape):
         return False
     if not memories:
         return True

@@ -4,20 +4,20 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import KafkaError, KafkaException, Producer
 
 from kafka_settings.config import load
-from kafka_settings.topics import create_topics, topic_specs, watermark_offsets
+from kafka_settings.topics import create_topics, topic_specs
 from logs.kafka import BatchAborted, KafkaCommandLog
 from logs.port import CommandLog
 from schemas.topics import topics_for
 from tests.contract.log_contract import CommandLogContract, Frame
+from tests.integration.kafka_support import read_topic
 
 pytestmark = pytest.mark.integration
 
@@ -109,58 +109,9 @@ class TestKafkaLogContract(CommandLogContract):
         return placed  # type: ignore[return-value]
 
     def read_topic(self, log: CommandLog, topic: str, partition: int) -> list[tuple[int, bytes | None, bytes]]:
-        consumer = Consumer(
-            {
-                "bootstrap.servers": self.bootstrap,
-                "group.id": f"reader-{uuid.uuid4().hex}",
-                "isolation.level": "read_committed",
-                "enable.auto.commit": False,
-                "enable.partition.eof": True,
-                "logger": RDKAFKA_LOG,
-            }
-        )
-        records: list[tuple[int, bytes | None, bytes]] = []
-        try:
-            tp = TopicPartition(topic, partition)
-            low, high = self.stable_end(consumer, tp)
-            if high <= low:
-                return records
-            consumer.assign([TopicPartition(topic, partition, low)])
-            for _ in range(600):
-                messages = consumer.consume(1_000, 0.1)
-                for message in messages:
-                    error = message.error()
-                    if error is not None:
-                        assert error.code() == KafkaError._PARTITION_EOF, error
-                        if message.offset() >= high:
-                            return records
-                        continue
-                    records.append((message.offset(), message.key(), message.value()))
-            raise AssertionError(f"no end of {topic}[{partition}] within 60 s")
-        finally:
-            consumer.close()
-
-    def stable_end(self, consumer: Consumer, tp: TopicPartition, timeout: float = 60.0) -> tuple[int, int]:
-        """(low, end) of a partition once no transaction is open on it: its stable end reached the high watermark.
-
-        A commit returns before the coordinator has written the transaction markers. Until then a read_committed
-        consumer's end offset (its watermark query answers the last stable offset, LSO) stays at the first
-        record of the transaction, and reading "to the end" would see none of the committed records.
-        """
-        uncommitted = Consumer(
-            {"bootstrap.servers": self.bootstrap, "group.id": f"reader-{uuid.uuid4().hex}", "logger": RDKAFKA_LOG}
-        )
-        try:
-            deadline = time.monotonic() + timeout
-            while True:
-                low, stable = watermark_offsets(consumer, tp)
-                _, high = watermark_offsets(uncommitted, tp)
-                if stable >= high:
-                    return low, high
-                assert time.monotonic() < deadline, f"{tp.topic}[{tp.partition}]: LSO {stable} < high watermark {high}"
-                time.sleep(0.05)
-        finally:
-            uncommitted.close()
+        return [
+            (record.offset, record.key, record.value) for record in read_topic(self.bootstrap, topic).get(partition, [])
+        ]
 
     def reopen(self, log: CommandLog) -> CommandLog:
         return self._open(log.topics)

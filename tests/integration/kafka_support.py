@@ -149,10 +149,22 @@ def stable_end(bootstrap: str, consumer: Consumer, tp: TopicPartition, timeout: 
     """(low, end) of a partition once no transaction is open on it: its stable end reached the high watermark.
 
     A commit returns before the coordinator has written the transaction markers; until then the watermark
-    query of a read_committed consumer answers the last stable offset, which stays at the transaction's first
-    record, and reading "to the end" would miss committed records.
+    query of a read_committed consumer answers the last stable offset (LSO), which stays at the transaction's
+    first record, and reading "to the end" would miss committed records. The same holds, for up to the
+    transaction timeout, behind the open transaction of a killed instance that nobody restarts (its partitions
+    moved to a survivor, whose committed records come after it): the broker aborts it only when it times out.
+
+    The high watermark must come from a ``read_uncommitted`` consumer: librdkafka's default isolation level is
+    ``read_committed``, whose watermark query answers the LSO too, and the wait would end at once.
     """
-    uncommitted = Consumer({"bootstrap.servers": bootstrap, "group.id": f"reader-{uuid.uuid4().hex}"})
+    uncommitted = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex}",
+            "isolation.level": "read_uncommitted",
+            "logger": RDKAFKA_LOG,
+        }
+    )
     try:
         deadline = time.monotonic() + timeout
         while True:
