@@ -175,7 +175,7 @@ def floor_without(
         if least is not None:
             floor = (level, *least)
     pending = cluster.preemptible.pending
-    for (low, fewest), members in _pending_tiers(cluster, shape, priority):  # as _pending_to_file reads them
+    for (low, fewest), members in _pending_tiers(cluster, shape, priority, floor[0]):  # as _pending_to_file does
         if (low, fewest) > floor[:2]:
             break  # (tiers ascend)
         for deficit, key in members:
@@ -215,7 +215,7 @@ def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int 
     """A lower bound of the least minimal level over every node that could hold the pod: the filed classes'
     least (exact) and each pending bucket's lowest level held. O(C · L + B)."""
     level, _runs = _filed_runs(cluster, shape, priority)
-    tiers = _pending_tiers(cluster, shape, priority)
+    tiers = _pending_tiers(cluster, shape, priority, priority if level is None else level - 1)
     if tiers and (level is None or tiers[0][0][0] < level):
         level = tiers[0][0][0]  # (tiers ascend)
     return level
@@ -329,7 +329,7 @@ def _pending_to_file(
     screen of the buckets kept for the next search of the shape (:func:`_pending_tiers`)."""
     pending = cluster.preemptible.pending
     chosen: list[str] = []
-    for tier, members in _pending_tiers(cluster, shape, priority):
+    for tier, members in _pending_tiers(cluster, shape, priority, priority if beat is None else beat[0]):
         if beat is not None and tier > beat[:2]:
             break  # (tiers ascend; each is below the priority)
         room = limit - len(chosen)
@@ -354,12 +354,14 @@ Tiers = list[tuple[tuple[int, int], list[tuple[int, PendingKey]]]]
 victims must free at least, bucket key), ...] in ``pending``'s order)."""
 
 
-def _pending_tiers(cluster: ClusterState, shape: PodShape, priority: int) -> Tiers:
-    """The pending buckets whose lowest level is below ``priority`` and whose nodes could hold the shape
-    (:func:`could_hold`, read from the bucket: a pending node is schedulable, the rest is in its key), by their
-    bound's tier (:func:`_pending_bound_terms`). O(B log B) for the B buckets of the shape's node selector; O(1)
-    when the last reading was of this shape and priority and no bucket was made or dropped since
-    (``PreemptionIndex.bucket_changes``: a bucket's key is its bound; its nodes are read when used)."""
+def _pending_tiers(cluster: ClusterState, shape: PodShape, priority: int, top: int) -> Tiers:
+    """The pending buckets whose lowest level is below ``priority``, at most ``top``, and whose nodes could hold
+    the shape (:func:`could_hold`, read from the bucket: a pending node is schedulable, the rest is in its key), by
+    their bound's tier (:func:`_pending_bound_terms`); callers read them up to what they need (more levels may
+    come: every one below ``priority`` once kept). O(B) for the B buckets of the shape's node selector (and
+    O(T log T) for their T tiers). A second reading of the same shape and priority while no bucket was made or
+    dropped (``PreemptionIndex.bucket_changes``: a bucket's key is its bound; its nodes are read when used),
+    a gang's next member, screens every level below the priority once and keeps that: O(1) while it holds."""
     index = cluster.preemptible
     last = index.last_tiers
     if (
@@ -368,23 +370,30 @@ def _pending_tiers(cluster: ClusterState, shape: PodShape, priority: int) -> Tie
         and last[1] == priority
         and (last[0] is shape or last[0] == shape)
     ):
-        return last[3]
-    admits = cluster.index.admits
+        kept = last[3]
+        if kept is None:
+            kept = _screen_buckets(cluster, shape, priority, priority)
+            index.last_tiers = (shape, priority, index.bucket_changes, kept)
+        return kept
+    index.last_tiers = (shape, priority, index.bucket_changes, None)  # screened whole if read again
+    return _screen_buckets(cluster, shape, priority, top)
+
+
+def _screen_buckets(cluster: ClusterState, shape: PodShape, priority: int, top: int) -> Tiers:
+    admits = cluster.capacity.admits  # (a pure memo: no need to file the changed nodes first)
     models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
     gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
     by_tier: dict[tuple[int, int], list[tuple[int, PendingKey]]] = {}
-    for key, _bucket in index.buckets(shape.node_selector):
+    for key, _bucket in cluster.preemptible.buckets(shape.node_selector):
         model, node_class, node_cpu, node_memory, gpu_count, level = key[:6]
-        if level >= priority:
+        if level >= priority or level > top:
             continue
         if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
             continue
         if admits(node_class, shape):
             fewest, deficit = _pending_bound_terms(key, shape)
             by_tier.setdefault((level, fewest), []).append((deficit, key))
-    tiers = sorted(by_tier.items())
-    index.last_tiers = (shape, priority, index.bucket_changes, tiers)
-    return tiers
+    return sorted(by_tier.items())
 
 
 def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:

@@ -229,7 +229,7 @@ class PreemptionIndex:
         # Pending buckets made or dropped so far: a screen of the buckets for a shape holds while it stays the same
         # (``preemption._pending_tiers`` keeps its last here).
         self.bucket_changes = 0
-        self.last_tiers: tuple[object, int, int, list] | None = None
+        self.last_tiers: tuple[object, int, int, list | None] | None = None
 
     def fork(self) -> PreemptionIndex:
         """A copy for a what-if fork, O(marked nodes): it reads the original's classes until its first
