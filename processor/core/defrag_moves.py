@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from processor.core.fragmentation import Fragmenter
-from processor.core.node_victims import room_in
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod
 from schemas.commands import GPU_MILLI
@@ -206,12 +205,7 @@ def outcome(cluster: ClusterState, moves: list[Move], before: dict[str, tuple[in
 
 
 def admits(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
-    return node.schedulable and cluster.index.admits(node.node_class, shape)
-
-
-def fits(node: Node, shape: PodShape) -> bool:
-    """Whether the node's free room holds the shape (:func:`node_victims.room_in`)."""
-    return room_in(node.cpu_free, node.memory_free, node.gpu_free, shape)
+    return node.schedulable and cluster.capacity.admits(node.node_class, shape)
 
 
 def fits_without(node: Node, shape: PodShape, pods: Sequence[Pod], trial: Trial | None = None) -> bool:

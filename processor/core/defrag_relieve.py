@@ -30,12 +30,11 @@ from processor.core.defrag_moves import (
     Trial,
     admits,
     fewest_covering,
-    fits,
     fits_without,
     movable_pods,
     whole_free,
 )
-from processor.core.node_victims import gpus_fit
+from processor.core.node_victims import fits_now, gpus_fit
 from processor.core.policies.base import default_gpus
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Pod, lookup
@@ -73,7 +72,7 @@ def relieve(cluster: ClusterState, gaps: Gaps, budget: int, before: dict[str, tu
         for shape in shapes:
             if shape.num_gpu > idle or (shape.gpu_models and node.gpu_model not in shape.gpu_models):
                 continue
-            if fits(node, shape) or not admits(cluster, node, shape):
+            if fits_now(node, shape) or not admits(cluster, node, shape):
                 break  # it fits as it is (the queue takes it), or never will by moving shares
             keys = {(node_id, index) for index in range(node.gpu_count)}
             pods = [pod for key in sorted(keys) for pod in gaps.shares.get(key, ()) if pod.spec.movable]
@@ -89,10 +88,10 @@ def relieve(cluster: ClusterState, gaps: Gaps, budget: int, before: dict[str, tu
             gaps.seen = {}
             why = f"moving CPU and memory off {node_id} so its {idle} idle GPU(s) can take a waiting pod"
             for pod in pods:
-                if fits(node, shape) or len(trial.moves) >= budget:
+                if fits_now(node, shape) or len(trial.moves) >= budget:
                     break
                 gaps.place(pod, node.gpu_model, keys, why, DEPTH)
-            if not fits(node, shape):
+            if not fits_now(node, shape):
                 gaps.undo_to(mark)
                 continue
             record(gaps, before)
@@ -170,7 +169,7 @@ def _room_across(
             continue
         if shape.gpu_models and node.gpu_model not in shape.gpu_models:
             continue
-        if not gpus_fit(node.gpu_free, shape) or fits(node, shape):
+        if not gpus_fit(node.gpu_free, shape) or fits_now(node, shape):
             continue  # only a node whose GPUs the pod could take but whose CPU or memory is short
         present = (lookup(cluster.pods, pod_id) for pod_id in sorted(node.pods))
         movable = [
@@ -208,7 +207,7 @@ def _room_across(
                     break
                 mark = len(trial.moves)
                 ok = all(_land(cluster, trial, pod, node_id, claimed, least, "") for pod in chosen)
-                ok = ok and fits(node, shape)
+                ok = ok and fits_now(node, shape)
                 trial.undo_to(mark)
                 if ok:
                     best = (size, node_id, chosen)
@@ -232,7 +231,7 @@ def _room_across(
         if not _land(cluster, trial, pod, node_id, claimed, least, why, seen=seen):
             trial.undo_to(mark)  # it landed while planning; the order is the same
             return None
-    if not fits(node, shape):
+    if not fits_now(node, shape):
         trial.undo_to(mark)
         return None
     for touched, state in seen.items():
@@ -278,7 +277,7 @@ def _room_by_swap(
             "fits there, to a GPU that lacked the CPU or memory for that pod"
         )
         if _land(cluster, trial, pod, node.node_id, claimed, least, why, seen=seen, stranded_only=True):
-            if fits(node, shape):
+            if fits_now(node, shape):
                 for touched, state in seen.items():
                     before.setdefault(touched, state)
                 return node.node_id

@@ -17,7 +17,8 @@ from math import comb
 
 from sortedcontainers import SortedList
 
-from processor.core.defrag_moves import Allowance, Trial, admits, fewest_covering, fits, fits_without
+from processor.core.defrag_moves import Allowance, Trial, admits, fewest_covering, fits_without
+from processor.core.node_victims import fits_now
 from processor.core.policies.base import default_gpus
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, Pod, lookup
@@ -268,7 +269,7 @@ def _fewest(
                     ok = False
                     break
                 trial.move(pod, destination[0], destination[1], "")
-            room_made = ok and fits(node, shape)
+            room_made = ok and fits_now(node, shape)
             trial.undo_to(mark)
             if room_made:
                 return sorted(chosen, key=lambda p: (-p.spec.gpu_milli_total, p.spec.pod_id))

@@ -44,7 +44,7 @@ from processor.core.handlers import (
 )
 from processor.core.handlers.halting import ResumedCluster
 from processor.core.handlers.reservations import reservation_upkeep
-from processor.core.state import ClusterState, PartitionState, lookup
+from processor.core.state import UNINDEXED_AT_MOST, ClusterState, PartitionState, lookup
 from processor.core.timers import PREEMPT_CHECK, pop_due_in_partition
 from schemas.codes import Rejected, RejectionCode
 from schemas.commands import (
@@ -124,6 +124,24 @@ def decide(
     cannot read the log itself.
     """
     decision = Decision(state, command, state.next_offset if offset is None else offset)
+    _decide(decision, command, resumed)
+    _file_waiting(decision)
+    return decision.events
+
+
+def _file_waiting(decision: Decision) -> None:
+    """Each cluster the command changed leaves at most ``UNINDEXED_AT_MOST`` nodes waiting for the capacity index
+    (``ClusterState.file_waiting``): those it emitted events for (a rejection's too; the command's own cluster
+    whenever it changed a node, on trial or not). O(clusters touched + nodes filed)."""
+    clusters = decision.state.clusters
+    for name in decision.touched:  # any order: what is filed does not depend on it
+        cluster = lookup(clusters, name)
+        if cluster is not None and len(cluster.unindexed) > UNINDEXED_AT_MOST:
+            cluster.file_waiting()
+
+
+def _decide(decision: Decision, command: Command, resumed: ResumedCluster | None) -> None:
+    state = decision.state
     try:
         check_envelope(command)
     except Rejected as rejection:  # its time cannot be trusted: folded at the clock, which it does not move
@@ -132,7 +150,7 @@ def decide(
         decision.command = _bounded_envelope(command)
         message = clip(rejection.message, MAX_MESSAGE_LENGTH)
         decision.emit(CommandRejected(decision.command.command_id, command.type_name, rejection.code, message))
-        return decision.events
+        return
     payload = command.payload
     cluster = lookup(state.clusters, command.cluster)
     if cluster is not None and cluster.halted is not None:
@@ -141,7 +159,7 @@ def decide(
             _finish(decision)
         else:
             halting.refuse(decision, cluster)
-        return decision.events
+        return
     if decision.legacy_time:
         clock_now = command.issued_at if command.issued_at > state.clock else state.clock
         duplicate = command.command_id in state.seen  # before timers: their events carry this command's id
@@ -151,7 +169,7 @@ def decide(
     else:
         base = cluster.clock if cluster is not None else 0
         if halting.jumps(decision, cluster, payload, state):
-            return decision.events
+            return
         clock_now = command.issued_at if command.issued_at > base else base
         duplicate = command.command_id in state.seen
         if type(payload) is Tick and payload.partition:
@@ -163,7 +181,7 @@ def decide(
         cluster = lookup(state.clusters, command.cluster)
         if cluster is not None and cluster.halted is not None:
             _finish(decision)  # one of its deadlines halted it: that is this command's outcome
-            return decision.events
+            return
     mark, sequence = len(decision.events), state.sequence
     try:
         if duplicate:
@@ -185,7 +203,6 @@ def decide(
     except Exception as error:
         halting.halt(decision, command.cluster, mark, sequence, error)
     _finish(decision)
-    return decision.events
 
 
 FATAL = (InvariantViolation, MemoryError, RecursionError)

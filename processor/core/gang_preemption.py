@@ -23,7 +23,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from processor.core import gangs, reservations
-from processor.core.node_victims import room_in
+from processor.core.node_victims import fits_now
 from processor.core.policies.base import Choice, Policy
 from processor.core.preemption import plan_again, plan_pod
 from processor.core.preemption_plans import ANY_VICTIM, GangPlan, PodPlan, Trial, Unit, Victims, cost_of
@@ -83,7 +83,7 @@ def _gang_in(
     try:
         for position, member in enumerate(members):
             shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
-            if last is not None and held.get(shape) is last.shape and not _room_on(cluster.nodes[last.node_id], shape):
+            if last is not None and held.get(shape) is last.shape and not fits_now(cluster.nodes[last.node_id], shape):
                 groups = []  # no room for the shape anywhere before the last member, which changed that node alone
             else:
                 groups = cluster.index.feasible_in(shape, key, value)
@@ -151,12 +151,6 @@ AGAIN_TRIES = 8
 """Floors a gang's placement computes that answer no member (:func:`preemption.plan_again`) before it stops
 computing them: a floor costs about a search, and answers members only where one node offers several victims
 cheaper than any other node's."""
-
-
-def _room_on(node: Node, shape: PodShape) -> bool:
-    """Whether the node's free room could hold the shape (``node_victims.room_in``): what the capacity index asks
-    first of a node (``CapacityIndex.fits``), so a node without it is not among ``feasible_in``'s. O(G)."""
-    return room_in(node.cpu_free, node.memory_free, node.gpu_free, shape)
 
 
 def changes_its_node_alone(plan: PodPlan, allowed: Victims) -> bool:

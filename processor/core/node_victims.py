@@ -44,7 +44,7 @@ def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
         return False
     if shape.num_gpu and node.gpu_count < (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1):
         return False
-    return cluster.index.admits(node.node_class, shape)
+    return cluster.capacity.admits(node.node_class, shape)
 
 
 def gpus_fit(free: list[int], shape: PodShape) -> bool:
@@ -490,16 +490,14 @@ def could_hold_somewhere(cluster: ClusterState, shape: PodShape) -> bool:
             continue
         if cpu < shape.cpu_milli or memory < shape.memory_mib:
             continue
-        if cluster.index.admits(node_class, shape):
+        if cluster.capacity.admits(node_class, shape):
             return True
     return False
 
 
 def fits_now(node: Node, shape: PodShape) -> bool:
-    """Whether the node's free capacity holds the shape now (a node that ``could_hold`` it)."""
-    if node.cpu_free < shape.cpu_milli or node.memory_free < shape.memory_mib:
-        return False
-    return gpus_fit(node.gpu_free, shape)
+    """Whether the node's free capacity holds the shape now (a node that ``could_hold`` it): :func:`room_in`."""
+    return room_in(node.cpu_free, node.memory_free, node.gpu_free, shape)
 
 
 def could_preempt_on(node: Node, shape: PodShape, priority: int, cluster: ClusterState) -> bool:

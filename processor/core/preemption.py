@@ -58,7 +58,7 @@ from processor.core.node_victims import (
     minimal_level,
     try_node,
 )
-from processor.core.preemption_index import PendingBucket, PendingKey, VictimClass
+from processor.core.preemption_index import PendingKey, VictimClass
 from processor.core.preemption_plans import ANY_VICTIM, PodPlan, Victims
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, lookup
@@ -174,14 +174,15 @@ def floor_without(
         least = _least_bound(runs, now)
         if least is not None:
             floor = (level, *least)
-    for low, key, bucket in _buckets_below(cluster, shape, priority, floor[0]):  # as _pending_to_file reads them
-        fewest, deficit = _pending_bound_terms(key, shape)
+    pending = cluster.preemptible.pending
+    for (low, fewest), members in _pending_tiers(cluster, shape, priority, floor[0]):  # as _pending_to_file does
         if (low, fewest) > floor[:2]:
-            continue
-        for minus_latest, pending_id in bucket.ordered()[:2]:  # the least work bound first
-            if pending_id != node_id:
-                floor = min(floor, (low, fewest, deficit * max(0, now + minus_latest)))
-                break
+            break  # (tiers ascend)
+        for deficit, key in members:
+            for minus_latest, pending_id in pending[key].ordered()[:2]:  # the least work bound first
+                if pending_id != node_id:
+                    floor = min(floor, (low, fewest, deficit * max(0, now + minus_latest)))
+                    break
     return floor
 
 
@@ -214,9 +215,9 @@ def _lowest_level(cluster: ClusterState, shape: PodShape, priority: int) -> int 
     """A lower bound of the least minimal level over every node that could hold the pod: the filed classes'
     least (exact) and each pending bucket's lowest level held. O(C · L + B)."""
     level, _runs = _filed_runs(cluster, shape, priority)
-    for low, _key, _bucket in _buckets_below(cluster, shape, priority, priority if level is None else level - 1):
-        if level is None or low < level:
-            level = low
+    tiers = _pending_tiers(cluster, shape, priority, priority if level is None else level - 1)
+    if tiers and (level is None or tiers[0][0][0] < level):
+        level = tiers[0][0][0]  # (tiers ascend)
     return level
 
 
@@ -324,19 +325,17 @@ def _pending_to_file(
 ) -> list[str]:
     """Pending nodes whose lower bound (victim level, victims, work lost) is at most ``beat`` (any if None),
     at most ``limit``, least bound first. A bucket's nodes are sorted by latest start, latest first, so by
-    their bound: O(B + limit · log) for B buckets (a pod with a node selector: those of its rarest label)."""
-    tiers: dict[tuple[int, int], list[tuple[int, PendingBucket]]] = {}
-    for level, key, bucket in _buckets_below(cluster, shape, priority, priority if beat is None else beat[0]):
-        fewest, deficit = _pending_bound_terms(key, shape)
-        if beat is not None and (level, fewest) > beat[:2]:
-            continue
-        tiers.setdefault((level, fewest), []).append((deficit, bucket))
+    their bound: O(B + limit · log) for B buckets (a pod with a node selector: those of its rarest label), the
+    screen of the buckets kept for the next search of the shape (:func:`_pending_tiers`)."""
+    pending = cluster.preemptible.pending
     chosen: list[str] = []
-    for tier in sorted(tiers):
+    for tier, members in _pending_tiers(cluster, shape, priority, priority if beat is None else beat[0]):
+        if beat is not None and tier > beat[:2]:
+            break  # (tiers ascend; each is below the priority)
         room = limit - len(chosen)
         found: list[tuple[int, str]] = []
-        for deficit, bucket in tiers[tier]:
-            entries = bucket.ordered()
+        for deficit, key in members:
+            entries = pending[key].ordered()
             end = room
             if deficit and beat is not None and tier == beat[:2]:
                 # deficit x (now - latest) <= the work to beat  <=>  latest >= now - work // deficit
@@ -350,23 +349,51 @@ def _pending_to_file(
     return chosen
 
 
-def _buckets_below(
-    cluster: ClusterState, shape: PodShape, priority: int, top: int
-) -> Iterator[tuple[int, PendingKey, PendingBucket]]:
-    """The pending buckets whose lowest level is below ``priority`` and at most ``top`` and whose nodes could hold
-    the shape (:func:`could_hold`, read from the bucket: a pending node is schedulable, the rest is in its key),
-    as (level, key, bucket). O(B) for the B buckets of the shape's node selector."""
-    admits = cluster.index.admits
+Tiers = list[tuple[tuple[int, int], list[tuple[int, PendingKey]]]]
+"""Pending buckets by the first two terms of their bound, ascending: ((level, victims at least), [(GPU milli the
+victims must free at least, bucket key), ...] in ``pending``'s order)."""
+
+
+def _pending_tiers(cluster: ClusterState, shape: PodShape, priority: int, top: int) -> Tiers:
+    """The pending buckets whose lowest level is below ``priority``, at most ``top``, and whose nodes could hold
+    the shape (:func:`could_hold`, read from the bucket: a pending node is schedulable, the rest is in its key), by
+    their bound's tier (:func:`_pending_bound_terms`); callers read them up to what they need (more levels may
+    come: every one below ``priority`` once kept). O(B) for the B buckets of the shape's node selector (and
+    O(T log T) for their T tiers). A second reading of the same shape and priority while no bucket was made or
+    dropped (``PreemptionIndex.bucket_changes``: a bucket's key is its bound; its nodes are read when used),
+    a gang's next member, screens every level below the priority once and keeps that: O(1) while it holds."""
+    index = cluster.preemptible
+    last = index.last_tiers
+    if (
+        last is not None
+        and last[2] == index.bucket_changes
+        and last[1] == priority
+        and (last[0] is shape or last[0] == shape)
+    ):
+        kept = last[3]
+        if kept is None:
+            kept = _screen_buckets(cluster, shape, priority, priority)
+            index.last_tiers = (shape, priority, index.bucket_changes, kept)
+        return kept
+    index.last_tiers = (shape, priority, index.bucket_changes, None)  # screened whole if read again
+    return _screen_buckets(cluster, shape, priority, top)
+
+
+def _screen_buckets(cluster: ClusterState, shape: PodShape, priority: int, top: int) -> Tiers:
+    admits = cluster.capacity.admits  # (a pure memo: no need to file the changed nodes first)
     models, cpu, memory = shape.gpu_models, shape.cpu_milli, shape.memory_mib
     gpus = (shape.num_gpu if shape.gpu_milli >= GPU_MILLI else 1) if shape.num_gpu else 0
-    for key, bucket in cluster.preemptible.buckets(shape.node_selector):
+    by_tier: dict[tuple[int, int], list[tuple[int, PendingKey]]] = {}
+    for key, _bucket in cluster.preemptible.buckets(shape.node_selector):
         model, node_class, node_cpu, node_memory, gpu_count, level = key[:6]
         if level >= priority or level > top:
             continue
         if (models and model not in models) or node_cpu < cpu or node_memory < memory or gpu_count < gpus:
             continue
         if admits(node_class, shape):
-            yield level, key, bucket
+            fewest, deficit = _pending_bound_terms(key, shape)
+            by_tier.setdefault((level, fewest), []).append((deficit, key))
+    return sorted(by_tier.items())
 
 
 def _pending_bound_terms(key: PendingKey, shape: PodShape) -> tuple[int, int]:

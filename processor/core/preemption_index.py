@@ -195,12 +195,14 @@ class PreemptionIndex:
         "_marked",
         "_pending_of",
         "_shared",
+        "bucket_changes",
         "by_label",
         "classes",
         "dirty",
         "eager_after",
         "filings",
         "last_runs",
+        "last_tiers",
         "pending",
     )
 
@@ -224,6 +226,10 @@ class PreemptionIndex:
         # (``preemption._filed_runs``), for the next search of that shape.
         self.filings = 0
         self.last_runs: tuple[object, int, int, int | None, list] | None = None
+        # Pending buckets made or dropped so far: a screen of the buckets for a shape holds while it stays the same
+        # (``preemption._pending_tiers`` keeps its last here).
+        self.bucket_changes = 0
+        self.last_tiers: tuple[object, int, int, list | None] | None = None
 
     def fork(self) -> PreemptionIndex:
         """A copy for a what-if fork, O(marked nodes): it reads the original's classes until its first
@@ -288,6 +294,7 @@ class PreemptionIndex:
         return [(key, pending[key]) for key in rarest] if rarest is not None else []
 
     def _new_bucket(self, key: PendingKey) -> PendingBucket:
+        self.bucket_changes += 1
         bucket = self.pending[key] = PendingBucket()
         by_label = self.by_label
         for pair in key[1][0]:
@@ -299,6 +306,7 @@ class PreemptionIndex:
         return bucket
 
     def _drop_bucket(self, key: PendingKey) -> None:
+        self.bucket_changes += 1
         del self.pending[key]
         by_label = self.by_label
         for pair in key[1][0]:

@@ -116,9 +116,10 @@ class TenantUsage:
 
 
 UNINDEXED_AT_MOST = 256
-"""Changed nodes that wait at most to be filed in the capacity index (``ClusterState.index``): enough for a
-gang's members and victims to settle on their nodes, few enough that the command reading the index next pays
-a bounded share (a few ms pure) for changes made before it."""
+"""Changed nodes left waiting to be filed in the capacity index (``ClusterState.index``) when a command ends
+(:meth:`ClusterState.file_waiting`): few enough that the command reading the index next pays a bounded share
+(a few ms pure) for changes made before it. Within a command nodes wait unbounded: a gang's trial, its rollback
+and its events move each of its nodes several times, and each is filed once."""
 
 
 def shape_of(spec: PodSpec) -> PodShape:
@@ -445,11 +446,7 @@ class ClusterState:
         if self.release_order is not None:
             self.release_changed[node.node_id] = None
         self.preemptible.touch(node.node_id, self.nodes)
-        unindexed = self.unindexed
-        if node.node_id not in unindexed:
-            if len(unindexed) >= UNINDEXED_AT_MOST:  # the oldest change is filed now: a read files at most this many
-                self._file(next(iter(unindexed)))
-            unindexed[node.node_id] = None
+        self.unindexed[node.node_id] = None  # a node already waiting keeps its place
 
     @property
     def index(self) -> CapacityIndex:
@@ -458,12 +455,20 @@ class ClusterState:
         Filing waits for a read: a node changed many times in between (a gang's members and their victims
         on one node, a trial and its rollback) is filed once, under where it ended; the index has the same
         content either way (its lists of nodes are sorted, and every reader orders what it reads by stable
-        keys). At most :data:`UNINDEXED_AT_MOST` nodes wait (past it, a change files the oldest waiting at
-        once), so a read pays for at most that many, not for a mass change made before it (10,000 nodes
-        added). O(nodes waiting)."""
+        keys). At most :data:`UNINDEXED_AT_MOST` nodes wait from earlier commands (each command ends with
+        :meth:`file_waiting`), so a read pays for at most that many besides its own command's changes, not for
+        a mass change made before it (10,000 nodes added). O(nodes waiting)."""
         if self.unindexed:
             self._file_changed()
         return self.capacity
+
+    def file_waiting(self) -> None:
+        """After a command: file the nodes that waited longest until at most :data:`UNINDEXED_AT_MOST` wait, so
+        the next read pays for no more. The command that changed them pays: once per node it changed, however
+        often. O(nodes filed)."""
+        unindexed = self.unindexed
+        while len(unindexed) > UNINDEXED_AT_MOST:  # measure: the nodes waiting beyond the bound
+            self._file(next(iter(unindexed)))
 
     def _file_changed(self) -> None:
         for node_id in list(self.unindexed):  # measure: the changed nodes not yet filed (at most UNINDEXED_AT_MOST)
