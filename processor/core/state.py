@@ -471,7 +471,8 @@ class ClusterState:
             self._file(next(iter(unindexed)))
 
     def _file_changed(self) -> None:
-        for node_id in list(self.unindexed):  # measure: the changed nodes not yet filed (at most UNINDEXED_AT_MOST)
+        # measure: the changed nodes not yet filed (this command's, and at most UNINDEXED_AT_MOST from before it)
+        for node_id in list(self.unindexed):
             self._file(node_id)
 
     def _file(self, node_id: str) -> None:
