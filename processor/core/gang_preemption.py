@@ -10,10 +10,11 @@ Each member that fits nowhere free is placed by the pod search (``processor.core
 domain, its victims evicted on trial (``preemption_plans.Trial``) before the next member is placed.
 
 While each member's victims are pods of no gang on the node it takes, that node is the only one changed before
-the next member of the same shape: its plan comes from ``preemption.NextPlans``, which keeps the search's scan
-and the plans of the nodes it met, the nodes taken re-asked, instead of a search per member. A gang that takes
-several of one node's victims (the cheapest of the cluster: pods that started last), or the next node's of the
-index's runs each, then pays a search only when the scan kept reaches a pending node or another level.
+the next member of the same shape: its plan comes from ``preemption.NextPlans``, which keeps the search's merged
+stream of candidate nodes (filed and pending) and the plans of the nodes it met, the nodes taken asked again,
+instead of a search per member. A gang that takes several of one node's victims (the cheapest of the cluster:
+pods that started last), or the next node's each, then pays a search only when that stream ends below its guard
+(a node filed at a higher level), meets a node of more than 14 pods, or the index moves a node.
 """
 
 from __future__ import annotations
