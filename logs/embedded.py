@@ -169,6 +169,11 @@ class EmbeddedLog:
         """Rows (offset, key, value, prev, crc) read from ``start`` on, each checked against its checksum and its
         predecessor: a changed byte fails the CRC, a missing row breaks the chain of ``prev`` offsets."""
         for offset, key, value, prev, crc in rows:
+            if (key is not None and type(key) is not bytes) or (value is not None and type(value) is not bytes):
+                raise DamagedLogError(  # a flipped bit in a row's type: SQLite reads the blob back as text
+                    f"{self.path}: record {topic}[{partition}]@{offset} holds text where bytes belong: "
+                    "the file is damaged"
+                )
             if crc is not None:
                 if crc != record_crc(topic, partition, offset, prev, key, value):
                     raise DamagedLogError(
