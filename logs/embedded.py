@@ -137,7 +137,10 @@ class EmbeddedLog:
                 self._db.execute("PRAGMA journal_mode = WAL")
                 self._db.execute(f"PRAGMA synchronous = {'FULL' if durable else 'NORMAL'}")
                 self._db.executescript(SCHEMA)
+                self._refuse_lost_checksums()
                 self._add_checksum_columns()
+            else:
+                self._refuse_lost_checksums()
             self._checked = self._has_checksum_columns()
             self._ends = self._checked and bool(
                 self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ends'").fetchone()
@@ -145,6 +148,10 @@ class EmbeddedLog:
             self.partitions = self._init_meta(partitions, readonly)
         except sqlite3.DatabaseError as error:
             raise LogError(f"{self.path} is not a usable gpufold log: {error}") from None
+        except UnicodeDecodeError as error:  # text read back (a column's name or type) that is not UTF-8
+            raise DamagedLogError(
+                f"{self.path}: the log's schema text does not decode ({error}): the file is damaged"
+            ) from None
         # Where poll() reads next, per partition; and the committed position this
         # handle last saw, per partition (the fencing check of commit()).
         self._fetch: dict[int, int] = {}
@@ -162,6 +169,11 @@ class EmbeddedLog:
         """Rows (offset, key, value, prev, crc) read from ``start`` on, each checked against its checksum and its
         predecessor: a changed byte fails the CRC, a missing row breaks the chain of ``prev`` offsets."""
         for offset, key, value, prev, crc in rows:
+            if (key is not None and type(key) is not bytes) or (value is not None and type(value) is not bytes):
+                raise DamagedLogError(  # a flipped bit in a row's type: SQLite reads the blob back as text
+                    f"{self.path}: record {topic}[{partition}]@{offset} holds text where bytes belong: "
+                    "the file is damaged"
+                )
             if crc is not None:
                 if crc != record_crc(topic, partition, offset, prev, key, value):
                     raise DamagedLogError(
@@ -268,15 +280,24 @@ class EmbeddedLog:
 
     def _has_checksum_columns(self) -> bool:
         columns = {
-            (table, row[1]) for table in ("records", "consumer_offsets")
+            (table, row[1].lower()) for table in ("records", "consumer_offsets")  # SQLite's names ignore case
             for row in self._db.execute(f"PRAGMA table_info({table})")
         }  # fmt: skip
         return all(column in columns for column in CHECKED_COLUMNS)
 
+    def _refuse_lost_checksums(self) -> None:
+        """A log whose meta rows carry their checksum was written with the checksum columns (both came in one
+        release, and a writable open adds both): if its schema no longer names them, the schema's text is
+        damaged, and its records would be read unchecked. O(1)."""
+        if self._has_checksum_columns():
+            return
+        if self._db.execute("SELECT 1 FROM meta WHERE name = 'check'").fetchone():
+            raise DamagedLogError(f"{self.path}: the log's schema lost its checksum columns: the file is damaged")
+
     def _add_checksum_columns(self) -> None:
         """A log written before the checksums gets the columns (its old rows stay unchecked)."""
         for table, column in CHECKED_COLUMNS:
-            names = {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}
+            names = {row[1].lower() for row in self._db.execute(f"PRAGMA table_info({table})")}
             if column not in names:
                 self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} INTEGER")
 

@@ -227,9 +227,9 @@ def gang_preempts_spread(node_count: int = 500, members: int = 1_024, *, pods: i
     first pod is released and a new 1-GPU pod started there, node after node, so the newest pod of the cluster,
     the one a member evicts first, is one per node and each node's next is older than every other node's newest.
 
-    ``gang_preemption`` asks the node the member before took again (``preemption.plan_again``) only while that
-    node's plan is below a floor of every other node's; here it never is, so after ``AGAIN_TRIES`` floors computed
-    for nothing each member is searched, as before ``plan_again``: its worst case, measured beside the first."""
+    Before ``preemption.NextPlans`` (which answers each member from the search's merged stream of nodes, the next
+    node's victim each time), every member was searched, its node refreshed and the next ones filed (BENCHMARKS.md
+    has the times): the worst case of a member-by-member search, measured beside the first."""
     s = Stream()
     s.add(first_fit())
     s.extend(nodes(node_count))

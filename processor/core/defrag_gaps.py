@@ -50,6 +50,7 @@ class Gaps:
                         entries.append((free, node_id, index))
         self.lists: dict[str, SortedList] = {model: SortedList(entries) for model, entries in found.items()}
         self._starts: dict[tuple[str, int], int] = {}  # (model, milli) -> :meth:`start`
+        self._heads: dict[tuple[str, int], list[tuple[int, str, int]]] = {}  # (model, milli) -> :meth:`head`
 
     def start(self, model: str, need: int) -> int:
         """Where the gaps of at least ``need`` free milli begin in the model's list; kept until a list changes
@@ -61,12 +62,24 @@ class Gaps:
         position = starts[key] = self.lists[model].bisect_left((need, "", -1))
         return position
 
+    def head(self, model: str, need: int) -> list[tuple[int, str, int]]:
+        """The first ``2 * SCAN`` entries from :meth:`start` as a plain list, kept as it is: a dry run reads a
+        share's gaps one by one, and a sorted list's item costs a search each. O(SCAN) when a list changed."""
+        key = (model, need)
+        heads = self._heads
+        found = heads.get(key)
+        if found is None:
+            start = self.start(model, need)
+            found = heads[key] = list(self.lists[model].islice(start, start + 2 * SCAN))
+        return found
+
     def _resync(self, key: GpuKey, old_free: int) -> None:
         node = self.cluster.nodes[key[0]]
         entries = self.lists.get(node.gpu_model)
         if entries is None or not node.schedulable:
             return
         self._starts.clear()
+        self._heads.clear()
         if 0 < old_free < GPU_MILLI:
             entries.remove((old_free, key[0], key[1]))
         new_free = node.gpu_free[key[1]]
@@ -194,7 +207,8 @@ def dry_run(
         spec = pod.spec
         need = spec.gpu_milli
         start = gaps.start(model, need)
-        spot = _dry_fit(cluster, entries, start, gpu, cpu, memory, pod, source, key, gaps.trial.allowance(0))
+        head = gaps.head(model, need)
+        spot = _dry_fit(cluster, entries, start, head, gpu, cpu, memory, pod, source, key, gaps.trial.allowance(0))
         if spot is None:
             return None
         gpu[key] = gpu.get(key, nodes[source].gpu_free[key[1]]) + need
@@ -229,6 +243,7 @@ def _dry_fit(
     cluster: ClusterState,
     entries: SortedList,
     start: int,
+    head: list[tuple[int, str, int]],
     gpu: dict[GpuKey, int],
     cpu: dict[str, int],
     memory: dict[str, int],
@@ -239,23 +254,28 @@ def _dry_fit(
 ) -> GpuKey | None:
     """:meth:`Gaps.best_fit` of a share on GPU ``key`` (node ``source``) as it would be after the dry run's
     moves so far: the list with the GPUs they changed (``gpu``) filed at their new free milli, the first
-    ``SCAN`` entries from the share's size, room checked against the changed CPU and memory. A look per
-    entry examined."""
+    ``SCAN`` entries from the share's size (``head``: the first of them, :meth:`Gaps.head`), room checked against
+    the changed CPU and memory. A look per entry examined."""
     spec = pod.spec
     need = spec.gpu_milli
     nodes = cluster.nodes
-    moved = sorted(
-        (free, node_id, index)
-        for (node_id, index), free in gpu.items()
-        if need <= free < GPU_MILLI and nodes[node_id].schedulable
+    moved = (
+        sorted(
+            (free, node_id, index)
+            for (node_id, index), free in gpu.items()
+            if need <= free < GPU_MILLI and nodes[node_id].schedulable
+        )
+        if gpu
+        else []
     )
+    in_head = start + len(head)
     position = start  # the first entry of at least ``need`` free milli (:meth:`Gaps.start`)
     length = len(entries)  # a dry run changes no list
     taken = 0
     for looked in range(1, SCAN + 1):  # measure: at most SCAN entries
         entry = None
         while position < length:  # measure: the entries left
-            listed = entries[position]  # read once: a sorted list's item costs a search
+            listed = head[position - start] if position < in_head else entries[position]  # (an item: a search)
             if (listed[1], listed[2]) not in gpu:
                 entry = listed
                 break

@@ -9,12 +9,12 @@ member by member, not a joint minimum over the gang.
 Each member that fits nowhere free is placed by the pod search (``processor.core.preemption``) within the
 domain, its victims evicted on trial (``preemption_plans.Trial``) before the next member is placed.
 
-A member of the same shape as the one before, whose victims were pods of no gang all on the node it took, is
-first asked of that node alone (``preemption.plan_again``): that node is the only one changed since the search,
-and a plan there below a floor of every other node's plan (computed once per node so taken) is the search's
-answer. A gang that takes several of one node's victims, the cheapest of the cluster (a node whose pods started
-last), then pays one search per node, not per member. Floors that answer no member stop being computed after
-:data:`AGAIN_TRIES`, so a gang whose members each go elsewhere pays at most that many more.
+While each member's victims are pods of no gang on the node it takes, that node is the only one changed before
+the next member of the same shape: its plan comes from ``preemption.NextPlans``, which keeps the search's merged
+stream of candidate nodes (filed and pending) and the plans of the nodes it met, the nodes taken asked again,
+instead of a search per member. A gang that takes several of one node's victims (the cheapest of the cluster:
+pods that started last), or the next node's each, then pays a search only when that stream ends below its guard
+(a node filed at a higher level), meets a node of more than 14 pods, or the index moves a node.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import NamedTuple
 from processor.core import gangs, reservations
 from processor.core.node_victims import fits_now
 from processor.core.policies.base import Choice, Policy
-from processor.core.preemption import plan_again, plan_pod
+from processor.core.preemption import NextPlans, plan_pod
 from processor.core.preemption_plans import ANY_VICTIM, GangPlan, PodPlan, Trial, Unit, Victims, cost_of
 from processor.core.resources import PodShape
 from processor.core.state import ClusterState, Node, shape_of
@@ -78,8 +78,8 @@ def _gang_in(
     units: dict[str, Unit] = {}
     members = gangs.ordered_members(spec)
     held: dict[PodShape, PodShape] = {}  # member shape -> held to the domain
-    last: _Chain | None = None  # the last member's plan while it may answer the next one's search
-    tries = AGAIN_TRIES  # floors computed for nothing allowed before plan_again is no longer tried
+    last: _Last | None = None  # the last member's plan, while it changed its node alone
+    plans: NextPlans | None = None  # the next members' plans while they do
     try:
         for position, member in enumerate(members):
             shape = reservations.usable_shape(cluster, spec.gang_id, shape_of(member), now)
@@ -90,22 +90,20 @@ def _gang_in(
             if groups:
                 choice = policy.place(cluster, shape, groups)
                 trial.allocate(member, choice)
-                last = None
+                last = plans = None
             else:
                 within = held.get(shape)
                 if within is None:
                     within = held[shape] = in_domain(shape, key, value)
-                plan = None
-                if last is not None and last.shape is within and (last.floor is not None or tries > 0):
-                    plan, floor = plan_again(cluster, within, spec.priority, now, last.node_id, last.floor)
-                    if plan is None and floor is not None and last.floor is None:
-                        tries -= 1  # a floor computed for nothing
-                    last = _Chain(within, last.node_id, floor) if plan is not None else None
+                plan = plans.next(cluster) if plans is not None and plans.shape is within else None
                 if plan is None:
                     plan = plan_pod(cluster, within, spec.priority, now, None, allowed)
-                    last = _Chain(within, plan.node_id, None) if plan is not None else None
-                if last is not None and (plan is None or not changes_its_node_alone(plan, allowed)):
-                    last = None
+                    plans = None
+                    if plan is not None and changes_its_node_alone(plan, allowed):
+                        plans = NextPlans(cluster, within, spec.priority, now, plan)
+                elif not changes_its_node_alone(plan, allowed):
+                    plans = None  # its victims change other nodes' plans
+                last = _Last(within, plan.node_id) if plans is not None and plan is not None else None
                 if plan is None:
                     if len(placed) + len(members) - position - 1 < spec.min_members:
                         return None
@@ -138,19 +136,12 @@ def _gang_in(
         trial.rollback()
 
 
-class _Chain(NamedTuple):
-    """The last member's plan while it may answer the next member's search (:func:`preemption.plan_again`): that
-    node alone changes until then."""
+class _Last(NamedTuple):
+    """The last member's plan while it changed its node alone: no other node's free room changed since a member of
+    its shape fitted nowhere free."""
 
     shape: PodShape  # the shape searched (held to the domain)
     node_id: str  # the node the plan took
-    floor: tuple[int, int, int] | None  # the least bound of every other node's plan, once computed
-
-
-AGAIN_TRIES = 8
-"""Floors a gang's placement computes that answer no member (:func:`preemption.plan_again`) before it stops
-computing them: a floor costs about a search, and answers members only where one node offers several victims
-cheaper than any other node's."""
 
 
 def changes_its_node_alone(plan: PodPlan, allowed: Victims) -> bool:

@@ -33,6 +33,11 @@ SEARCH_BUDGET = 20_000
 """Victim subsets examined per node at most (the exact minimum is found well within it on nodes with
 up to ~14 lower-priority pods or gangs); the benchmarks and tests never reach it."""
 
+WHOLE_UP_TO = 14
+"""Pods on a node up to which its search never spends the budget: every subset of 14 units is 2^14 - 1 = 16,383
+sets. Its least victim set is then a function of the node (and the gangs of its pods) alone, whatever a search
+asks it to beat (``preemption.NextPlans`` relies on that)."""
+
 
 def could_hold(cluster: ClusterState, node: Node, shape: PodShape) -> bool:
     """Whether the node could ever hold the shape: schedulable, model, labels/taints, capacity. O(1)."""

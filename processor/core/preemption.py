@@ -37,8 +37,8 @@ topology domain is searched as a node-selector label (``gang_preemption.in_domai
 Among ``near`` (a queue retry's changed nodes, the only ones where a waiting pod may preempt then) the
 nodes are bounded one by one instead: O(N · L).
 
-**A gang**: ``processor.core.gang_preemption``, member by member with this search, or :func:`plan_again` when only
-the node the member before took changed.
+**A gang**: ``processor.core.gang_preemption``, member by member with this search, or :class:`NextPlans` while
+each member changes only the node it takes.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from collections.abc import Iterable, Iterator, Sequence
 
 from processor.core import quotas
 from processor.core.node_victims import (
+    WHOLE_UP_TO,
     best_on_node,
     bound_terms,
     could_hold,
@@ -127,63 +128,163 @@ def plan_pod(
     return _plan_pod_exact(cluster, shape, priority, now, allowed, among)
 
 
-def plan_again(
-    cluster: ClusterState,
-    shape: PodShape,
-    priority: int,
-    now: int,
-    node_id: str,
-    floor: tuple[int, int, int] | None,
-) -> tuple[PodPlan | None, tuple[int, int, int] | None]:
-    """:func:`plan_pod` without restrictions, for a shape and priority whose last search answered a plan on
-    ``node_id``, when since then only that node's pods changed: (its plan now, the floor) if the plan costs less
-    than the floor, a bound of every other node's plan (:func:`floor_without`, computed when ``floor`` is None),
-    else (None, the floor or None): search as usual. Every other node is as it was, so a plan below the floor is
-    the least. The caller vouches for what changed (``gang_preemption``: a gang's next member of the same shape,
-    after the last one's victims, pods of no gang, were evicted there and it took their place), and keeps the
-    floor while it does. O(pods on the node); the floor, once: O(C · L + B)."""
-    node = lookup(cluster.nodes, node_id)
-    if node is None:
-        return None, floor
-    level = minimal_level(node, shape, priority)  # could_hold: as when it was searched (pods alone changed)
-    if level is None or (floor is not None and level > floor[0]):
-        return None, floor
-    # Once the floor is known, a set of victims on the node that does not beat it is not looked for.
-    beat = (floor[1], floor[2]) if floor is not None and level == floor[0] else None
-    found = best_on_node(cluster, node, shape, level, now, beat, ANY_VICTIM)
-    if found is None:
-        return None, floor
-    (count, work), units = found
-    plan = PodPlan(node_id, units, (level, count, work))
-    if floor is None:
-        floor = floor_without(cluster, shape, priority, now, node_id)
-    return (plan if plan.cost < floor else None), floor
+class NextPlans:
+    """The plans of a gang's next members of one shape, without a search each, while each member changes only the
+    node it takes: the search's answers, kept exact as nodes change (issue #20).
+
+    Made after an unrestricted search answered ``plan``, whose victims are pods of no gang on its node
+    (``gang_preemption.changes_its_node_alone``), before its member takes that node; asked (:meth:`next`) for
+    each next member of the same shape (held to the same domain), priority and time. The caller vouches that
+    between the two only the node of the last plan changed, by its victims evicted and its member placed. Every
+    other node's plan is then what it was: its least victim set is a function of its own pods and their gangs.
+
+    Kept: one merged stream, least bound first, of the nodes the index could offer a plan from: the sorted runs
+    of the filed classes at their least level L (``_filed_runs``, as the search merges them) and every pending
+    bucket's nodes, latest start first (``_pending_tiers``: the buckets' bounds, as :func:`_pending_to_file`
+    reads them), no node filed or moved; a heap, the *frontier*, of (level, victims, work, node id) for the exact
+    plans of the nodes met there and the lower bounds of the nodes taken since (a bound is replaced by the node's
+    plan when it comes first); and a *guard*, (L + 1, 0, 0), below the plan of every filed node of a higher least
+    level. The answer is the frontier's least entry once it is a plan below the stream's next bound and strictly
+    below the guard: every node's plan is then no less, in the order of the search (node ids break ties). Else
+    None: the caller searches, and makes a new one.
+
+    Exact only where a node's least victim set does not depend on what a search asks it to beat: a node met
+    with more than :data:`WHOLE_UP_TO` pods ends it (its search might spend the budget). Valid while the
+    preemption index moves no node (``PreemptionIndex.moves``): the nodes taken stay marked, out of date in the
+    stream and skipped there, until the next search refreshes them.
+
+    Cost: made in O(B + R) for the B buckets screened and R runs (a heap of their first entries); per answer, a
+    bound of the node last taken (O(L · G)), the victim search on each node the stream meets (each once, in the
+    order of its bound, as a search meets them, but none filed) and O(log) heap steps per entry met. A gang
+    whose members each take the next cheapest node's victims, or one node's one after the other, pays that instead
+    of a search, a refresh and a filing per member."""
+
+    __slots__ = (
+        "_changed",
+        "_filed",
+        "_frontier",
+        "_guard",
+        "_heap",
+        "_index",
+        "_level",
+        "_moves",
+        "_now",
+        "_priority",
+        "_seen",
+        "_streams",
+        "_taken",
+        "shape",
+    )
+
+    def __init__(self, cluster: ClusterState, shape: PodShape, priority: int, now: int, plan: PodPlan) -> None:
+        index = cluster.preemptible
+        self._index = index
+        self.shape = shape
+        self._priority = priority
+        self._now = now
+        self._taken: str | None = plan.node_id  # its bound enters the frontier when next asked, changed by then
+        self._changed: dict[str, None] = {}
+        self._seen: dict[str, None] = {}
+        self._frontier: list[tuple[int, int, int, str, PodPlan | None]] = []
+        level, runs = _filed_runs(cluster, shape, priority)  # the search's reading, kept: no node moved since
+        self._level = 0 if level is None else level
+        self._guard = (priority, 0, 0) if level is None else (level + 1, 0, 0)  # (every plan is below its priority)
+        # Streams: (entries, their level, victims at least, GPU milli x, 1: timed); the filed runs first.
+        streams: list[tuple[Iterator, int, int, int, int]] = [(iter(e), self._level, c, m, t) for e, c, m, t in runs]
+        self._filed = len(streams)
+        pending = index.pending
+        for (low, fewest), members in _pending_tiers(cluster, shape, priority, priority):
+            for deficit, key in members:
+                streams.append((iter(pending[key].ordered()), low, fewest, deficit, 1))
+        self._streams = streams
+        heap: list[tuple[int, int, int, str, int]] = []
+        for stream_id, stream in enumerate(streams):
+            entry = _next_bound(stream, stream_id, now)
+            if entry is not None:
+                heap.append(entry)
+        heapq.heapify(heap)
+        self._heap = heap
+        self._moves = -1 if index.dirty else index.moves  # (a search refreshed the index: nothing is marked)
+
+    def next(self, cluster: ClusterState) -> PodPlan | None:
+        """The next member's plan, as the search would answer it; None: search (this one is spent)."""
+        index = self._index
+        if cluster.preemptible is not index or index.moves != self._moves:
+            return None
+        nodes = cluster.nodes
+        shape, priority, now, frontier = self.shape, self._priority, self._now, self._frontier
+        taken = self._taken
+        if taken is not None:
+            self._taken = None
+            self._changed[taken] = None
+            node = lookup(nodes, taken)
+            if node is not None and could_hold(cluster, node, shape):
+                level = minimal_level(node, shape, priority)
+                if level is not None:
+                    count, work = lower_bound(node, shape, level, now)
+                    heapq.heappush(frontier, (level, count, work, taken, None))
+        heap, streams, changed, seen = self._heap, self._streams, self._changed, self._seen
+        # Measure: the stream's entries not yet met plus the frontier's bounds (each node's asked once per change).
+        while True:
+            top = frontier[0] if frontier else None
+            if heap and (top is None or heap[0][:4] < top[:4]):
+                _level, _count, _work, node_id, stream_id = heapq.heappop(heap)
+                entry = _next_bound(streams[stream_id], stream_id, now)
+                if entry is not None:
+                    heapq.heappush(heap, entry)
+                if node_id in changed or node_id in seen:
+                    continue  # taken since (its bound is in the frontier), or met on another run
+                seen[node_id] = None
+                node = nodes[node_id]
+                if stream_id < self._filed:
+                    level = self._level  # a filed class's least level
+                elif could_hold(cluster, node, shape):
+                    level = minimal_level(node, shape, priority)  # a pending bucket's is a bound
+                    if level is None:
+                        continue
+                else:
+                    continue
+                if not self._ask(cluster, node, level):
+                    return None
+                continue
+            if top is None:
+                return None  # no node met or taken offers a plan: one filed at a higher level may
+            if top[4] is None:  # a node taken since, by its bound: its plan now
+                heapq.heappop(frontier)
+                if not self._ask(cluster, nodes[top[3]], top[0]):
+                    return None
+                continue
+            if top[:3] >= self._guard:
+                return None  # a node filed at a higher level might do as well
+            heapq.heappop(frontier)
+            plan = top[4]
+            self._taken = plan.node_id
+            return plan
+
+    def _ask(self, cluster: ClusterState, node: Node, level: int) -> bool:
+        """The node's least victim set at its level onto the frontier (if it has one); False if its pods are too
+        many for that set not to depend on what it is asked to beat. O(the node's victim search)."""
+        if len(node.pods) > WHOLE_UP_TO:
+            return False
+        found = best_on_node(cluster, node, self.shape, level, self._now, None, ANY_VICTIM)
+        if found is not None:
+            (count, work), units = found
+            plan = PodPlan(node.node_id, units, (level, count, work))
+            heapq.heappush(self._frontier, (level, count, work, node.node_id, plan))
+        return True
 
 
-def floor_without(
-    cluster: ClusterState, shape: PodShape, priority: int, now: int, node_id: str
-) -> tuple[int, int, int]:
-    """A lower bound of the cost (level, victims, work) of every node's plan but ``node_id``'s, from the index
-    refreshed: the least bound of the filed nodes at their least level (the runs' first entries, as the search
-    reads them) and of the pending buckets' nodes (their first entries), that node skipped wherever it is;
-    (``priority``, 0, 0), above every plan, if no other node could offer one. O(C · L + B)."""
-    cluster.preemptible.refresh(cluster.nodes)  # the node itself is pending now: not in the runs read below
-    floor = (priority, 0, 0)
-    level, runs = _filed_runs(cluster, shape, priority)
-    if level is not None:
-        least = _least_bound(runs, now)
-        if least is not None:
-            floor = (level, *least)
-    pending = cluster.preemptible.pending
-    for (low, fewest), members in _pending_tiers(cluster, shape, priority, floor[0]):  # as _pending_to_file does
-        if (low, fewest) > floor[:2]:
-            break  # (tiers ascend)
-        for deficit, key in members:
-            for minus_latest, pending_id in pending[key].ordered()[:2]:  # the least work bound first
-                if pending_id != node_id:
-                    floor = min(floor, (low, fewest, deficit * max(0, now + minus_latest)))
-                    break
-    return floor
+def _next_bound(
+    stream: tuple[Iterator, int, int, int, int], stream_id: int, now: int
+) -> tuple[int, int, int, str, int] | None:
+    """The stream's next node with its bound (level, victims, work), as :func:`_push_next` bounds a run's."""
+    entries, level, count, milli, timed = stream
+    entry = next(entries, None)
+    if entry is None:
+        return None
+    if timed:
+        return (level, count, milli * max(0, now + entry[0]), entry[1], stream_id)
+    return (level, 1, 0, entry, stream_id)
 
 
 def _runs_newer(cluster: ClusterState, node: Node, equal: tuple[int, int]) -> bool:

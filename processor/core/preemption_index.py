@@ -203,6 +203,7 @@ class PreemptionIndex:
         "filings",
         "last_runs",
         "last_tiers",
+        "moves",
         "pending",
     )
 
@@ -230,6 +231,9 @@ class PreemptionIndex:
         # (``preemption._pending_tiers`` keeps its last here).
         self.bucket_changes = 0
         self.last_tiers: tuple[object, int, int, list | None] | None = None
+        # Moves of nodes between classes, buckets and neither so far (refresh, promote, an eager pend, a fork's
+        # copy): a scan of the runs and buckets in progress holds while it stays the same (``NextPlans``).
+        self.moves = 0
 
     def fork(self) -> PreemptionIndex:
         """A copy for a what-if fork, O(marked nodes): it reads the original's classes until its first
@@ -270,6 +274,7 @@ class PreemptionIndex:
         """A fork's first change: its own copy of what it shared. O(n)."""
         if self._shared:
             self.filings += 1  # new lists: a reading of the old ones is not kept
+            self.moves += 1
             self.classes = {key: group.copied() for key, group in self.classes.items()}
             self._filed = dict(self._filed)
             self.pending = {key: bucket.copied() for key, bucket in self.pending.items()}
@@ -318,6 +323,7 @@ class PreemptionIndex:
     def _pend(self, node_id: str, nodes: Mapping[str, Node]) -> None:
         """One node out of its class or bucket and, if it runs pods and is schedulable, into its pending
         bucket (what :meth:`refresh` does for each marked node; the caller unmarked it)."""
+        self.moves += 1
         pending = self.pending
         was = self._pending_of.pop(node_id, None)
         if was is not None:
@@ -342,6 +348,7 @@ class PreemptionIndex:
         if not self.dirty:
             return
         self._own()
+        self.moves += 1
         pending, pending_of, filed = self.pending, self._pending_of, self._filed
         added: dict[PendingKey, dict[str, int]] = {}
         for node_id in self.dirty:  # the order does not matter: the content is canonical
@@ -374,6 +381,7 @@ class PreemptionIndex:
     def promote(self, node_ids: list[str], nodes: Mapping[str, Node]) -> None:
         """File pending nodes in their classes (after :meth:`refresh`). O(log n) each."""
         self._own()
+        self.moves += 1
         pending, pending_of = self.pending, self._pending_of
         for node_id in node_ids:
             key = pending_of.pop(node_id)

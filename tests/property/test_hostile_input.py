@@ -18,12 +18,13 @@ import io
 import json
 import random
 import shutil
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from gpufold.cli import main
@@ -418,7 +419,73 @@ def test_truncation_and_garbage_are_one_clear_error(tmp_path: Path, pristine: di
             assert_one_clear_line(*cli(*READS[name], "--log", copy)[::2])
 
 
+def test_schema_text_that_does_not_decode_is_one_clear_error(tmp_path: Path, pristine: dict[str, Any]) -> None:
+    """A flipped bit in the schema's own text (``CREATE TABLE`` of a table, kept in the file, no longer UTF-8:
+    SQLite hands Python text it cannot decode): every read refuses in one line, not "unexpected
+    UnicodeDecodeError" (found by the flipped-bits test below, seed 2808)."""
+
+    def unreadable(data: bytearray) -> None:
+        at = data.index(b"CREATE TABLE consumer_offsets") + len("CREATE TABL")
+        data[at] ^= 0x80  # "E" becomes 0xC5, a lead byte followed by a space: invalid UTF-8
+
+    copy = _damaged_copy(pristine, tmp_path, unreadable)
+    for name in READS:
+        code, _out, err = cli(*READS[name], "--log", copy)
+        assert_one_clear_line(code, err)
+        assert "damaged" in err, err
+
+
+RECORDS_CRC = b"    crc INTEGER,\n    PRIMARY KEY (topic,"  # the records table's checksum column, in its schema text
+
+
+def test_a_checksum_column_named_in_another_case_still_checks(tmp_path: Path, pristine: dict[str, Any]) -> None:
+    """A flipped bit that turns the schema's ``crc`` into ``Crc`` names the same column (SQLite ignores case in
+    names): the records are still checked, so a damaged record is an error, not another answer (before, the log
+    was taken for one written before the checksums and read unchecked: a soak of the flipped-bits test found a
+    replay that answered another state with exit 0)."""
+
+    def damage(data: bytearray) -> None:
+        data[data.index(RECORDS_CRC) + 4] ^= 0x20  # "crc" -> "Crc"
+        data[data.index(b"c1-cmd-50") + 8] ^= 0x01  # and a command's id in its record
+
+    copy = _damaged_copy(pristine, tmp_path, damage)
+    code, _out, err = cli(*READS["replay"], "--log", copy)  # reads every command
+    assert_one_clear_line(code, err)
+    assert "fails its checksum" in err, err
+    _check_reads(copy, pristine)  # the others: the pristine answer (a snapshot past the record) or that error
+
+
+def test_a_schema_that_lost_its_checksum_columns_is_refused(tmp_path: Path, pristine: dict[str, Any]) -> None:
+    """The schema's ``crc`` renamed by damage: the log's meta rows carry their checksum, so it was written with the
+    checksum columns, and it is refused rather than read unchecked as a log from before them."""
+
+    def damage(data: bytearray) -> None:
+        data[data.index(RECORDS_CRC) + 6] ^= 0x07  # "crc" -> "crd"
+
+    copy = _damaged_copy(pristine, tmp_path, damage)
+    for name in READS:
+        code, _out, err = cli(*READS[name], "--log", copy)
+        assert_one_clear_line(code, err)
+        assert "lost its checksum columns" in err, err
+
+
+def test_a_record_whose_blob_reads_back_as_text_is_one_clear_error(tmp_path: Path, pristine: dict[str, Any]) -> None:
+    """A flipped bit in a row's header can turn its key's type from blob to text: SQLite then hands back ``str``.
+    Every read refuses it in one line (before: "unexpected TypeError" from the checksum, found by a soak of the
+    flipped-bits test, seed 3179 of ``Random(seed)`` drawing the flips too)."""
+    copy = tmp_path / "damaged.sqlite"
+    copy.write_bytes(pristine["log"].read_bytes())
+    with contextlib.closing(sqlite3.connect(copy)) as db:
+        db.execute('UPDATE records SET key = CAST(key AS TEXT) WHERE topic = ? AND "offset" = 7', (TOPICS.commands,))
+        db.commit()
+    code, _out, err = cli(*READS["replay"], "--log", str(copy))
+    assert_one_clear_line(code, err)
+    assert "holds text where bytes belong" in err, err
+    _check_reads(str(copy), pristine)
+
+
 @SETTINGS
+@example(seed=2808, flips=11)  # flips a bit of the schema's text in the log these tests build
 @given(seed=st.integers(0, 2**32), flips=st.integers(1, 40))
 def test_flipped_bits_never_change_an_answer_silently(
     tmp_path_factory: pytest.TempPathFactory, pristine: dict[str, Any], seed: int, flips: int
