@@ -145,6 +145,10 @@ class EmbeddedLog:
             self._ends = self._checked and bool(
                 self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ends'").fetchone()
             )
+            if self._checked:
+                self._check_positions()
+            if self._ends:
+                self._check_ends()
             self.partitions = self._init_meta(partitions, readonly)
         except sqlite3.DatabaseError as error:
             raise LogError(f"{self.path} is not a usable gpufold log: {error}") from None
@@ -220,6 +224,31 @@ class EmbeddedLog:
                 f"{self.path}: the end of {topic}[{partition}] fails its checksum: the file is damaged"
             )
         return first, (int(next_offset), int(records))
+
+    def _check_ends(self) -> None:
+        """Every recorded end checked when the log opens. A read looks its partition's end up by topic and
+        partition, so a damaged row (its topic's text, say) would else just not be found, and a tail lost with it
+        would go unnoticed (:meth:`_check_tail`). O(topics x partitions)."""
+        for topic, partition, next_offset, records, crc in self._db.execute(
+            'SELECT topic, "partition", next_offset, records, crc FROM ends'
+        ):
+            if crc != end_crc(topic, partition, next_offset, records):
+                raise DamagedLogError(
+                    f"{self.path}: a recorded end ({topic!r}) fails its checksum: the file is damaged"
+                )
+
+    def _check_positions(self) -> None:
+        """Every committed position checked when the log opens, as :meth:`_check_ends` checks the ends: a damaged
+        row would else just not be found, and its group would start that partition again from offset 0.
+        O(groups x topics x partitions)."""
+        rows = self._db.execute('SELECT consumer_group, topic, "partition", next_offset, crc FROM consumer_offsets')
+        for group, topic, partition, offset, crc in rows:
+            try:
+                self._checked_position(group, topic, partition, offset, crc)
+            except TypeError:  # a value of the wrong type read back
+                raise DamagedLogError(
+                    f"{self.path}: a committed position makes no sense: the file is damaged"
+                ) from None
 
     def _check_tail(self, topic: str, partition: int, start: int, last: int | None, end: int | None) -> None:
         """After reading [start, end) (end None: to the end), with ``last`` the last offset read: nothing skipped.

@@ -484,6 +484,38 @@ def test_a_record_whose_blob_reads_back_as_text_is_one_clear_error(tmp_path: Pat
     _check_reads(str(copy), pristine)
 
 
+def test_a_damaged_recorded_end_is_refused_when_the_log_opens(tmp_path: Path, pristine: dict[str, Any]) -> None:
+    """The commands' tail lost, and the row that records their end damaged too (its topic's text): a read looks the
+    end up by topic and partition, so it found none and answered from what was left, exit 0 (a soak of the
+    flipped-bits test, seed 20211 of ``Random(seed)`` drawing the flips too: two bits did it). Every recorded end
+    is checked when the log opens."""
+    copy = tmp_path / "damaged.sqlite"
+    copy.write_bytes(pristine["log"].read_bytes())
+    with contextlib.closing(sqlite3.connect(copy)) as db:
+        db.execute('DELETE FROM records WHERE topic = ? AND "offset" >= 15', (TOPICS.commands,))
+        db.execute("UPDATE ends SET topic = 'gpufold.comoands' WHERE topic = ?", (TOPICS.commands,))
+        db.commit()
+    for name in ("replay", *READS):  # replay first: before, it answered from 15 commands with exit 0
+        code, _out, err = cli(*READS[name], "--log", str(copy))
+        assert_one_clear_line(code, err)
+        assert "a recorded end ('gpufold.comoands') fails its checksum" in err, err
+
+
+def test_a_damaged_committed_position_is_refused_when_the_log_opens(tmp_path: Path, pristine: dict[str, Any]) -> None:
+    """A committed position's row damaged (its topic's text): a read looks it up by group, topic and partition and
+    found none, so ``log info`` reported the processor at offset 0, exit 0. Every committed position is checked
+    when the log opens, as every recorded end is."""
+    copy = tmp_path / "damaged.sqlite"
+    copy.write_bytes(pristine["log"].read_bytes())
+    with contextlib.closing(sqlite3.connect(copy)) as db:
+        db.execute("UPDATE consumer_offsets SET topic = 'gpufold.comoands' WHERE topic = ?", (TOPICS.commands,))
+        db.commit()
+    for argv in (*READS.values(), ("run", "--no-progress")):
+        code, _out, err = cli(*argv, "--log", str(copy))
+        assert_one_clear_line(code, err)
+        assert "gpufold.comoands[0] fails its checksum" in err, err
+
+
 @SETTINGS
 @example(seed=2808, flips=11)  # flips a bit of the schema's text in the log these tests build
 @given(seed=st.integers(0, 2**32), flips=st.integers(1, 40))
