@@ -30,6 +30,11 @@ Guarantees:
   noticed too; consumer positions and the meta rows carry a checksum too. SQLite's own errors
   (a zeroed page: "database disk image is malformed") become :class:`DamagedLogError`,
   one line. Records written before the checksums existed are read unchecked.
+- What a read looks up by name, it checks when the log opens: every recorded end and
+  committed position (a damaged row would else just not be found), and the schema's
+  checksum columns (a log whose meta rows carry their checksum was written with them, so
+  their absence is damage, not an old log). Text where the schema or a record holds
+  bytes, or that does not decode, is damage too.
 """
 
 from __future__ import annotations
