@@ -151,7 +151,7 @@ class EmbeddedLog:
                 self._db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'ends'").fetchone()
             )
             if self._checked:
-                self._check_positions()
+                self.positions()  # every committed position checked (a damaged row would else just not be found)
             if self._ends:
                 self._check_ends()
             self.partitions = self._init_meta(partitions, readonly)
@@ -241,19 +241,6 @@ class EmbeddedLog:
                 raise DamagedLogError(
                     f"{self.path}: a recorded end ({topic!r}) fails its checksum: the file is damaged"
                 )
-
-    def _check_positions(self) -> None:
-        """Every committed position checked when the log opens, as :meth:`_check_ends` checks the ends: a damaged
-        row would else just not be found, and its group would start that partition again from offset 0.
-        O(groups x topics x partitions)."""
-        rows = self._db.execute('SELECT consumer_group, topic, "partition", next_offset, crc FROM consumer_offsets')
-        for group, topic, partition, offset, crc in rows:
-            try:
-                self._checked_position(group, topic, partition, offset, crc)
-            except TypeError:  # a value of the wrong type read back
-                raise DamagedLogError(
-                    f"{self.path}: a committed position makes no sense: the file is damaged"
-                ) from None
 
     def _check_tail(self, topic: str, partition: int, start: int, last: int | None, end: int | None) -> None:
         """After reading [start, end) (end None: to the end), with ``last`` the last offset read: nothing skipped.
